@@ -1,0 +1,7 @@
+#include "commands.hpp"
+
+namespace mergepipe::app {
+
+int cmd_plan(CommandContext&) { throw UsageError("plan: not built yet"); }
+
+}  // namespace mergepipe::app

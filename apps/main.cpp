@@ -1,0 +1,83 @@
+// mergepipe: budgeted, distributed merging of LLM checkpoint families.
+// Wires subcommands; turns every error into one line on rank 0 and an exit code (SPEC §4).
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "commands.hpp"
+#include "mergepipe/error.hpp"
+#include "mergepipe/mpi/comm.hpp"
+
+namespace {
+
+using mergepipe::app::CommandContext;
+
+struct Command {
+  int (*run)(CommandContext&);
+  const char* summary;
+};
+
+const std::map<std::string, Command>& commands() {
+  static const std::map<std::string, Command> table = {
+      {"synth", {mergepipe::app::cmd_synth, "generate a synthetic checkpoint family"}},
+      {"inspect", {mergepipe::app::cmd_inspect, "describe a checkpoint, catalog, plan or manifest"}},
+      {"catalog", {mergepipe::app::cmd_catalog, "build or extend a family's block catalog"}},
+      {"plan", {mergepipe::app::cmd_plan, "choose the expert blocks to read under a budget"}},
+      {"merge", {mergepipe::app::cmd_merge, "run a budgeted merge"}},
+      {"replay", {mergepipe::app::cmd_replay, "re-run a merge from its manifest"}},
+      {"verify", {mergepipe::app::cmd_verify, "compare merged models or check output hashes"}},
+  };
+  return table;
+}
+
+void print_usage(std::FILE* out) {
+  std::fprintf(out, "usage: mergepipe <command> [options]   (mergepipe <command> --help)\n\ncommands:\n");
+  for (const auto& [name, cmd] : commands()) std::fprintf(out, "  %-9s %s\n", name.c_str(), cmd.summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mergepipe::mpi::Environment env(argc, argv);
+  mergepipe::mpi::Comm comm = mergepipe::mpi::Comm::world();
+  const bool root = comm.is_root();
+
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    if (root) print_usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (std::strcmp(argv[1], "--version") == 0) {
+    if (root) std::printf("mergepipe %s\n", MERGEPIPE_VERSION);
+    return 0;
+  }
+  auto it = commands().find(argv[1]);
+  if (it == commands().end()) {
+    if (root) {
+      std::fprintf(stderr, "mergepipe: error: unknown command '%s'\n", argv[1]);
+      print_usage(stderr);
+    }
+    return 2;
+  }
+  CommandContext ctx{std::vector<std::string>(argv + 2, argv + argc), comm};
+  try {
+    return it->second.run(ctx);
+  } catch (const mergepipe::mpi::CollectiveError& e) {
+    // Every rank knows; rank 0 speaks for the job.
+    if (root) std::fprintf(stderr, "mergepipe: error: %s\n", e.what());
+    return static_cast<int>(e.code());
+  } catch (const mergepipe::Error& e) {
+    // Only this rank knows: report it and take the job down so no rank waits forever.
+    std::fprintf(stderr, "mergepipe: error: %s\n", e.what());
+    std::fflush(stderr);
+    if (comm.size() > 1) MPI_Abort(MPI_COMM_WORLD, static_cast<int>(e.code()));
+    return static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mergepipe: internal error: %s\n", e.what());
+    std::fflush(stderr);
+    if (comm.size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}

@@ -1,0 +1,52 @@
+#pragma once
+// RAII file descriptor with positioned, retried reads and writes. Every error names the file.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "mergepipe/checkpoint.hpp"
+
+namespace mergepipe::io {
+
+class File {
+ public:
+  enum class Mode { kRead, kCreateWrite /* O_CREAT|O_TRUNC */, kReadWrite /* O_CREAT, no trunc */ };
+  File() = default;
+  File(const std::string& path, Mode mode);  // throws IoError (missing file, permissions, ...)
+  ~File();
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  // Reads exactly dst.size() bytes at offset (loops over short reads, retries EINTR/EAGAIN and a
+  // bounded number of EIO). Throws IoError naming file and offset; InputError if the file ends early.
+  void read_at(std::uint64_t offset, std::span<std::byte> dst) const;
+  void write_at(std::uint64_t offset, std::span<const std::byte> src) const;
+  std::uint64_t size() const;
+  void sync() const;        // fsync
+  void truncate(std::uint64_t size) const;
+  // posix_fadvise hints: don't prefetch beyond what we ask; drop pages after use.
+  void advise_random() const;
+  void drop_cache(std::uint64_t offset = 0, std::uint64_t length = 0) const;
+
+  int fd() const noexcept { return fd_; }
+  const std::string& path() const noexcept { return path_; }
+  bool is_open() const noexcept { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+// Size and mtime of a file (header_hash left empty). Throws IoError.
+FileIdentity stat_identity(const std::string& path);
+// Reads a whole small file (config.json, index, YAML). Throws IoError.
+std::string read_text_file(const std::string& path);
+// Writes a small file in full and fsyncs it.
+void write_text_file(const std::string& path, const std::string& text);
+// fsync a directory (after renames inside it).
+void sync_directory(const std::string& path);
+
+}  // namespace mergepipe::io

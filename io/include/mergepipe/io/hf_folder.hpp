@@ -1,0 +1,39 @@
+#pragma once
+// Hugging Face model folders: `model.safetensors`, or shards + `model.safetensors.index.json`.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mergepipe/checkpoint.hpp"
+
+namespace mergepipe::io {
+
+// Opens and validates a folder: every shard's header, the index (entries must be plain file
+// names inside the folder that exist, no `..`, no absolute paths, no symlink leaving the folder;
+// every weight_map entry must match the tensors found), duplicate tensors across shards.
+// Throws InputError / IoError naming the folder and file.
+Checkpoint open_checkpoint(const std::string& dir);
+
+// Files carried from a base to outputs: tokenizer*, special_tokens_map.json, vocab/merges,
+// generation_config.json, chat_template*. (config.json is rewritten, not copied.)
+bool is_carried_file(const std::string& file_name);
+
+// Shard names as transformers writes them: "model-00001-of-00004.safetensors" (1-based).
+std::string shard_file_name(std::size_t index, std::size_t count);
+
+// Assigns tensors (given in module order) to shards: a shard is closed when the next tensor would
+// push it over max_shard_bytes (a single larger tensor gets a shard of its own). Returns, per
+// shard, the indices of its tensors.
+std::vector<std::vector<std::size_t>> assign_shards(const std::vector<TensorInfo>& tensors,
+                                                    std::uint64_t max_shard_bytes);
+
+// Writes `model.safetensors.index.json` for the given shards (weight_map sorted by tensor name,
+// metadata.total_size = data bytes).
+std::string make_index_json(const std::vector<std::string>& shard_names,
+                            const std::vector<std::vector<TensorInfo>>& shard_tensors);
+
+// config.json of an output: the base's text with `torch_dtype` and `dtype` set to `dtype_name`
+// ("bfloat16", "float16", "float32"); key order otherwise preserved.
+std::string rewrite_config_dtype(const std::string& config_json, const std::string& torch_dtype_name);
+
+}  // namespace mergepipe::io

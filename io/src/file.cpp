@@ -1,0 +1,143 @@
+#include "mergepipe/io/file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "mergepipe/error.hpp"
+
+namespace mergepipe::io {
+
+namespace {
+constexpr int kMaxIoRetries = 3;                     // for EIO on shared storage
+constexpr std::size_t kMaxRequest = 1ull << 30;      // keep single requests under 2 GiB
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+[[noreturn]] void throw_open_error(const std::string& path, int err) {
+  throw IoError(path + ": cannot open: " + errno_text(err));
+}
+}  // namespace
+
+File::File(const std::string& path, Mode mode) : path_(path) {
+  int flags = O_CLOEXEC;
+  switch (mode) {
+    case Mode::kRead: flags |= O_RDONLY; break;
+    case Mode::kCreateWrite: flags |= O_WRONLY | O_CREAT | O_TRUNC; break;
+    case Mode::kReadWrite: flags |= O_RDWR | O_CREAT; break;
+  }
+  fd_ = ::open(path.c_str(), flags, 0644);
+  if (fd_ < 0) throw_open_error(path, errno);
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+File::File(File&& other) noexcept : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
+  }
+  return *this;
+}
+
+void File::read_at(std::uint64_t offset, std::span<std::byte> dst) const {
+  std::size_t done = 0;
+  int eio_retries = 0;
+  while (done < dst.size()) {
+    const std::size_t want = std::min(kMaxRequest, dst.size() - done);
+    const ssize_t got = ::pread(fd_, dst.data() + done, want, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      const int err = errno;
+      if (err == EINTR || err == EAGAIN) continue;
+      if (err == EIO && ++eio_retries <= kMaxIoRetries) continue;
+      throw IoError(path_ + ": read of " + std::to_string(want) + " bytes at offset " +
+                    std::to_string(offset + done) + " failed: " + errno_text(err));
+    }
+    if (got == 0) {
+      throw InputError(path_ + ": file ends at offset " + std::to_string(offset + done) + " but " +
+                       std::to_string(dst.size() - done) + " more bytes were expected (truncated?)");
+    }
+    done += static_cast<std::size_t>(got);
+  }
+}
+
+void File::write_at(std::uint64_t offset, std::span<const std::byte> src) const {
+  std::size_t done = 0;
+  int eio_retries = 0;
+  while (done < src.size()) {
+    const std::size_t want = std::min(kMaxRequest, src.size() - done);
+    const ssize_t put = ::pwrite(fd_, src.data() + done, want, static_cast<off_t>(offset + done));
+    if (put < 0) {
+      const int err = errno;
+      if (err == EINTR || err == EAGAIN) continue;
+      if (err == EIO && ++eio_retries <= kMaxIoRetries) continue;
+      throw IoError(path_ + ": write of " + std::to_string(want) + " bytes at offset " +
+                    std::to_string(offset + done) + " failed: " + errno_text(err));
+    }
+    done += static_cast<std::size_t>(put);
+  }
+}
+
+std::uint64_t File::size() const {
+  struct stat st{};
+  if (::fstat(fd_, &st) != 0) throw IoError(path_ + ": cannot stat: " + errno_text(errno));
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+void File::sync() const {
+  if (::fsync(fd_) != 0) throw IoError(path_ + ": fsync failed: " + errno_text(errno));
+}
+
+void File::truncate(std::uint64_t size) const {
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0)
+    throw IoError(path_ + ": cannot resize to " + std::to_string(size) + " bytes: " + errno_text(errno));
+}
+
+void File::advise_random() const { (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM); }
+
+void File::drop_cache(std::uint64_t offset, std::uint64_t length) const {
+  (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_DONTNEED);
+}
+
+FileIdentity stat_identity(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) throw IoError(path + ": cannot stat: " + errno_text(errno));
+  FileIdentity id;
+  id.path = path;
+  id.size = static_cast<std::uint64_t>(st.st_size);
+  id.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  return id;
+}
+
+std::string read_text_file(const std::string& path) {
+  File f(path, File::Mode::kRead);
+  std::string text(f.size(), '\0');
+  f.read_at(0, std::as_writable_bytes(std::span(text.data(), text.size())));
+  return text;
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  File f(path, File::Mode::kCreateWrite);
+  f.write_at(0, std::as_bytes(std::span(text.data(), text.size())));
+  f.sync();
+}
+
+void sync_directory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw IoError(path + ": cannot open folder: " + errno_text(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw IoError(path + ": fsync of folder failed: " + errno_text(err));
+}
+
+}  // namespace mergepipe::io

@@ -1,0 +1,47 @@
+#pragma once
+// Magnitude sketch of one (expert, tensor) delta: a sparse histogram of |Δ| over buckets of
+// relative width 2^-8 (a bucket = the fp32 exponent and the top 8 mantissa bits). It gives the
+// TIES/DARE top-k trimming threshold for any density, rounded toward keeping more (SPEC §3).
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace mergepipe {
+
+// Bucket key of |x|: bits 30..15 of the fp32 pattern of |x| (exponent + top 8 mantissa bits).
+inline std::uint16_t magnitude_bucket(float x) {
+  std::uint32_t bits;
+  __builtin_memcpy(&bits, &x, sizeof bits);
+  return static_cast<std::uint16_t>((bits & 0x7fffffffu) >> 15);
+}
+// Smallest |x| in a bucket (its lower edge), as a float.
+float bucket_lower_edge(std::uint16_t bucket);
+
+class MagnitudeSketch {
+ public:
+  MagnitudeSketch() = default;
+  // Adds n values (deltas).
+  void add(const float* values, std::size_t n);
+  void merge(const MagnitudeSketch& other);
+
+  // Threshold t for density d: with k = floor(d·n), t is the lower edge of the bucket holding
+  // the k-th largest |Δ|; keep entries with |Δ| >= t (this keeps at least k). d >= 1 gives 0
+  // (keep everything); k == 0 gives +infinity (keep nothing).
+  float threshold(double density) const;
+  // Number of entries an entry-wise `|Δ| >= threshold(d)` keeps.
+  std::uint64_t kept_count(float threshold) const;
+
+  std::uint64_t total() const { return total_; }
+  // Sparse form for storage: ascending bucket keys with their counts.
+  std::vector<std::uint16_t> keys() const;
+  std::vector<std::uint64_t> counts() const;
+  static MagnitudeSketch from_sparse(std::span<const std::uint16_t> keys,
+                                     std::span<const std::uint64_t> counts);
+  bool operator==(const MagnitudeSketch&) const = default;
+
+ private:
+  std::vector<std::uint64_t> dense_;  // 65536 buckets when non-empty (sign bit dropped)
+  std::uint64_t total_ = 0;
+};
+
+}  // namespace mergepipe

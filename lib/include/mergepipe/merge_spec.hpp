@@ -1,0 +1,54 @@
+#pragma once
+// A merge description: operator, parameters, inputs. Parsed from YAML by io/, overridden by flags.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mergepipe/dtype.hpp"
+
+namespace mergepipe {
+
+enum class MergeMethod { kLinear, kTaskArithmetic, kTies, kDareLinear, kDareTies };
+
+std::optional<MergeMethod> parse_merge_method(std::string_view name);
+std::string_view merge_method_name(MergeMethod method);
+// Default of `normalize` per method (SPEC §3): linear and ties true, the others false.
+bool default_normalize(MergeMethod method);
+// True for methods whose output is a fixed-coefficient sum of deltas (linear, task arithmetic).
+bool is_additive(MergeMethod method);
+bool uses_trimming(MergeMethod method);  // ties, dare_ties (sign election)
+bool uses_dare(MergeMethod method);      // dare_linear, dare_ties
+
+struct ExpertSpec {
+  std::string path;
+  double weight = 1.0;
+  double density = 1.0;  // in (0, 1]
+};
+
+struct MergeSpec {
+  MergeMethod method = MergeMethod::kLinear;
+  std::string base_model;
+  std::vector<ExpertSpec> experts;
+  std::optional<bool> normalize;       // unset: default_normalize(method)
+  double lambda = 1.0;
+  std::optional<DType> out_dtype;      // unset: the base's dtype per tensor
+  std::uint64_t seed = 0;
+  std::optional<std::string> budget;   // as written ("25%", "12GiB", ...)
+
+  bool effective_normalize() const { return normalize.value_or(default_normalize(method)); }
+  // Throws UsageError naming the problem: no experts, weight not finite, density outside (0, 1],
+  // lambda not finite, a zero weight sum where normalize needs it.
+  void validate() const;
+};
+
+// Fixed coefficients of the delta form `s·θ0 + Σ α_k Δ_k` (linear, task arithmetic) and the
+// per-expert multipliers used by the bound and the planner's scores for every method.
+struct Coefficients {
+  double base_scale = 1.0;        // s
+  std::vector<double> alpha;      // α_k
+};
+Coefficients additive_coefficients(const MergeSpec& spec);
+
+}  // namespace mergepipe

@@ -1,0 +1,85 @@
+#include "mergepipe/merge_spec.hpp"
+
+#include <cmath>
+
+#include "mergepipe/error.hpp"
+
+namespace mergepipe {
+
+std::optional<MergeMethod> parse_merge_method(std::string_view name) {
+  if (name == "linear") return MergeMethod::kLinear;
+  if (name == "task_arithmetic") return MergeMethod::kTaskArithmetic;
+  if (name == "ties") return MergeMethod::kTies;
+  if (name == "dare_linear") return MergeMethod::kDareLinear;
+  if (name == "dare_ties") return MergeMethod::kDareTies;
+  return std::nullopt;
+}
+
+std::string_view merge_method_name(MergeMethod method) {
+  switch (method) {
+    case MergeMethod::kLinear: return "linear";
+    case MergeMethod::kTaskArithmetic: return "task_arithmetic";
+    case MergeMethod::kTies: return "ties";
+    case MergeMethod::kDareLinear: return "dare_linear";
+    case MergeMethod::kDareTies: return "dare_ties";
+  }
+  return "?";
+}
+
+bool default_normalize(MergeMethod method) {
+  return method == MergeMethod::kLinear || method == MergeMethod::kTies;
+}
+bool is_additive(MergeMethod method) {
+  return method == MergeMethod::kLinear || method == MergeMethod::kTaskArithmetic;
+}
+bool uses_trimming(MergeMethod method) {
+  return method == MergeMethod::kTies || method == MergeMethod::kDareTies;
+}
+bool uses_dare(MergeMethod method) {
+  return method == MergeMethod::kDareLinear || method == MergeMethod::kDareTies;
+}
+
+void MergeSpec::validate() const {
+  if (experts.empty()) throw UsageError("config: 'models' lists no expert to merge");
+  double weight_sum = 0;
+  for (const auto& e : experts) {
+    if (!std::isfinite(e.weight)) throw UsageError("config: model '" + e.path + "': weight is not finite");
+    if (!(e.density > 0.0 && e.density <= 1.0)) {
+      throw UsageError("config: model '" + e.path + "': density " + std::to_string(e.density) +
+                       " is outside (0, 1]");
+    }
+    weight_sum += e.weight;
+  }
+  if (!std::isfinite(lambda)) throw UsageError("config: parameter 'lambda' is not finite");
+  if (effective_normalize() && weight_sum == 0.0 && method != MergeMethod::kTies) {
+    throw UsageError("config: the weights sum to 0, so 'normalize: true' cannot divide by them");
+  }
+}
+
+Coefficients additive_coefficients(const MergeSpec& spec) {
+  Coefficients c;
+  double weight_sum = 0;
+  for (const auto& e : spec.experts) weight_sum += e.weight;
+  const bool normalize = spec.effective_normalize();
+  c.alpha.reserve(spec.experts.size());
+  switch (spec.method) {
+    case MergeMethod::kLinear:
+      // Σ w θ / Σ w = θ0 + Σ (w/Σw) Δ;  Σ w θ = (Σw) θ0 + Σ w Δ.
+      c.base_scale = normalize ? 1.0 : weight_sum;
+      for (const auto& e : spec.experts) c.alpha.push_back(normalize ? e.weight / weight_sum : e.weight);
+      break;
+    default:
+      // θ0 + λ Σ w Δ (/Σw when normalized). For TIES/DARE this is the per-expert multiplier of
+      // the kept delta before sign election; the planner uses it as |α_k|.
+      c.base_scale = 1.0;
+      for (const auto& e : spec.experts) {
+        double a = spec.lambda * e.weight;
+        if (normalize && is_additive(spec.method)) a /= weight_sum;
+        c.alpha.push_back(a);
+      }
+      break;
+  }
+  return c;
+}
+
+}  // namespace mergepipe

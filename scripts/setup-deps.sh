@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package MergePipe needs to build, test, benchmark and demo. Idempotent.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  openmpi-bin libopenmpi-dev
+  libhdf5-openmpi-dev hdf5-tools
+  libboost-program-options-dev libcereal-dev nlohmann-json3-dev libyaml-cpp-dev libxxhash-dev
+  libgtest-dev libgmock-dev
+  python3 python3-numpy python3-h5py
+  vmtouch time util-linux
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  echo "setup-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

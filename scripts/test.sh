@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds, and runs the whole test suite through CTest: the release build,
+# then the ASan+UBSan build (skip the latter with MERGEPIPE_SKIP_ASAN=1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+scripts/setup-deps.sh
+jobs="$(nproc)"
+
+scripts/build.sh release
+ctest --preset release -j "$jobs" --timeout 900
+
+if [[ "${MERGEPIPE_SKIP_ASAN:-0}" != 1 ]]; then
+  scripts/build.sh asan
+  ctest --preset asan -j "$jobs" --timeout 1800
+fi
