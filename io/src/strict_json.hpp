@@ -1,0 +1,19 @@
+#pragma once
+// JSON parsing that refuses duplicate object keys (nlohmann keeps the last one silently; a
+// differential between readers on duplicates has been a real security issue for safetensors).
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+namespace mergepipe::io::detail {
+
+// Parses `text`. On a syntax error or a duplicate key throws InputError "<what>: <problem>".
+// A duplicate key at the top level is reported as "duplicate <top_level_noun> 'k'"; nested
+// duplicates as "duplicate key 'k' in '<parent top-level key>'".
+nlohmann::json parse_strict_json(std::string_view text, const std::string& what,
+                                 const std::string& top_level_noun = "key");
+
+// nlohmann's message without its "[json.exception.parse_error.101] " prefix.
+std::string json_error_text(const std::exception& e);
+
+}  // namespace mergepipe::io::detail
