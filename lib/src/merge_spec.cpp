@@ -32,7 +32,8 @@ bool default_normalize(MergeMethod method) {
 bool is_additive(MergeMethod method) {
   return method == MergeMethod::kLinear || method == MergeMethod::kTaskArithmetic;
 }
-bool uses_trimming(MergeMethod method) {
+bool uses_magnitude_trim(MergeMethod method) { return method == MergeMethod::kTies; }
+bool uses_sign_election(MergeMethod method) {
   return method == MergeMethod::kTies || method == MergeMethod::kDareTies;
 }
 bool uses_dare(MergeMethod method) {
@@ -51,7 +52,9 @@ void MergeSpec::validate() const {
     weight_sum += e.weight;
   }
   if (!std::isfinite(lambda)) throw UsageError("config: parameter 'lambda' is not finite");
-  if (effective_normalize() && weight_sum == 0.0 && method != MergeMethod::kTies) {
+  // TIES and DARE-TIES divide by the weights of the agreeing experts (a zero divisor counts as 1);
+  // the other methods divide by the whole sum.
+  if (effective_normalize() && weight_sum == 0.0 && !uses_sign_election(method)) {
     throw UsageError("config: the weights sum to 0, so 'normalize: true' cannot divide by them");
   }
 }
@@ -69,12 +72,13 @@ Coefficients additive_coefficients(const MergeSpec& spec) {
       for (const auto& e : spec.experts) c.alpha.push_back(normalize ? e.weight / weight_sum : e.weight);
       break;
     default:
-      // θ0 + λ Σ w Δ (/Σw when normalized). For TIES/DARE this is the per-expert multiplier of
-      // the kept delta before sign election; the planner uses it as |α_k|.
+      // θ0 + λ Σ w Δ (/Σw when normalized; dare_linear is task arithmetic on the rescaled
+      // deltas). For TIES/DARE-TIES this is the per-expert multiplier of the kept delta before
+      // sign election; the planner uses it as |α_k|.
       c.base_scale = 1.0;
       for (const auto& e : spec.experts) {
         double a = spec.lambda * e.weight;
-        if (normalize && is_additive(spec.method)) a /= weight_sum;
+        if (normalize && !uses_sign_election(spec.method)) a /= weight_sum;  // task arithmetic, dare_linear
         c.alpha.push_back(a);
       }
       break;

@@ -17,12 +17,17 @@ inline std::uint16_t magnitude_bucket(float x) {
 // Smallest |x| in a bucket (its lower edge), as a float.
 float bucket_lower_edge(std::uint16_t bucket);
 
+// Two representations with the same meaning: dense (65,536 counters, used while values are
+// added) and sparse (sorted non-empty buckets, what a loaded catalog holds: a few KiB instead of
+// 512 KiB per expert and tensor). Merging two sparse sketches stays sparse.
 class MagnitudeSketch {
  public:
   MagnitudeSketch() = default;
-  // Adds n values (deltas).
+  // Adds n values (deltas). Switches to the dense form.
   void add(const float* values, std::size_t n);
   void merge(const MagnitudeSketch& other);
+  // Switches to the sparse form (after the last add) to release the dense counters.
+  void compact();
 
   // Threshold t for density d: with k = floor(d·n), t is the lower edge of the bucket holding
   // the k-th largest |Δ|; keep entries with |Δ| >= t (this keeps at least k). d >= 1 gives 0
@@ -37,10 +42,12 @@ class MagnitudeSketch {
   std::vector<std::uint64_t> counts() const;
   static MagnitudeSketch from_sparse(std::span<const std::uint16_t> keys,
                                      std::span<const std::uint64_t> counts);
-  bool operator==(const MagnitudeSketch&) const = default;
+  bool operator==(const MagnitudeSketch& other) const;
 
  private:
-  std::vector<std::uint64_t> dense_;  // 65536 buckets when non-empty (sign bit dropped)
+  std::vector<std::uint64_t> dense_;  // 65536 buckets while adding, else empty
+  std::vector<std::uint16_t> keys_;   // sparse form: ascending non-empty buckets
+  std::vector<std::uint64_t> counts_;
   std::uint64_t total_ = 0;
 };
 

@@ -18,8 +18,9 @@ std::string_view merge_method_name(MergeMethod method);
 bool default_normalize(MergeMethod method);
 // True for methods whose output is a fixed-coefficient sum of deltas (linear, task arithmetic).
 bool is_additive(MergeMethod method);
-bool uses_trimming(MergeMethod method);  // ties, dare_ties (sign election)
-bool uses_dare(MergeMethod method);      // dare_linear, dare_ties
+bool uses_magnitude_trim(MergeMethod method);  // ties: per-tensor top-k by |Δ|
+bool uses_sign_election(MergeMethod method);   // ties, dare_ties
+bool uses_dare(MergeMethod method);            // dare_linear, dare_ties: Bernoulli drop + 1/density
 
 struct ExpertSpec {
   std::string path;
