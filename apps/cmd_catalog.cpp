@@ -1,7 +1,203 @@
+// `mergepipe catalog`: builds a family's block catalog, extends it with new experts, or checks
+// that the files it describes are unchanged (--check).
+#include <cctype>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
 #include "commands.hpp"
+#include "mergepipe/catalog.hpp"
+#include "mergepipe/error.hpp"
+#include "mergepipe/io/byte_counters.hpp"
+#include "mergepipe/io/catalog_store.hpp"
+#include "mergepipe/mpi/catalog_build.hpp"
 
 namespace mergepipe::app {
 
-int cmd_catalog(CommandContext&) { throw UsageError("catalog: not built yet"); }
+namespace {
+
+// "4194304", "4MiB", "512KiB", "8M" (binary units; KB/MB/GB are decimal).
+std::uint64_t parse_block_bytes(const std::string& text) {
+  std::size_t pos = 0;
+  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
+  std::string unit = text.substr(pos);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::uint64_t scale = 0;
+  if (unit.empty() || unit == "b")
+    scale = 1;
+  else if (unit == "k" || unit == "kib")
+    scale = 1ull << 10;
+  else if (unit == "m" || unit == "mib")
+    scale = 1ull << 20;
+  else if (unit == "g" || unit == "gib")
+    scale = 1ull << 30;
+  else if (unit == "kb")
+    scale = 1000ull;
+  else if (unit == "mb")
+    scale = 1000ull * 1000;
+  else if (unit == "gb")
+    scale = 1000ull * 1000 * 1000;
+  std::uint64_t value = 0;
+  try {
+    if (pos == 0 || scale == 0) throw std::invalid_argument("bad");
+    value = std::stoull(text.substr(0, pos));
+  } catch (const std::exception&) {
+    throw UsageError("catalog: --block-bytes '" + text + "' is not a size (e.g. 4194304 or 4MiB)");
+  }
+  if (value == 0 || value > (1ull << 40) / scale) {
+    throw UsageError("catalog: --block-bytes '" + text + "' is out of range (1 B to 1 TiB)");
+  }
+  return value * scale;
+}
+
+std::string human(std::uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+int run_check(CommandContext& ctx, const std::string& path) {
+  std::string summary;
+  ctx.comm.check(mpi::capture_failure([&] {
+                   if (!ctx.comm.is_root()) return;
+                   const Catalog cat = io::load_catalog(path);
+                   io::check_catalog_fresh(cat);
+                   summary = "catalog " + path + " is fresh: the base and " +
+                             std::to_string(cat.expert_count()) + " expert" +
+                             (cat.expert_count() == 1 ? "" : "s") + " are unchanged";
+                 }),
+                 "catalog --check");
+  if (ctx.comm.is_root()) std::printf("%s\n", summary.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int cmd_catalog(CommandContext& ctx) {
+  std::string base, out, check, block_bytes_text;
+  std::vector<std::string> experts;
+  bool force = false, allow_nonfinite = false;
+  int threads = 0;
+  po::options_description options("catalog options");
+  options.add_options()("base", po::value(&base), "base model folder")(
+      "experts", po::value(&experts)->multitoken(), "expert model folders (one or more)")(
+      "out", po::value(&out),
+      "catalog folder to create; an existing catalog is extended with the experts it lacks")(
+      "block-bytes", po::value(&block_bytes_text),
+      "target block size: bytes or 512KiB/4MiB/... (default 4MiB; fixed once a catalog exists)")(
+      "force", po::bool_switch(&force), "rebuild the catalog at --out from scratch")(
+      "allow-nonfinite", po::bool_switch(&allow_nonfinite),
+      "catalog experts holding NaN/Inf values instead of refusing them")(
+      "threads", po::value(&threads)->default_value(0),
+      "compute threads per rank (0: the node's cores divided by its ranks)")(
+      "check", po::value(&check),
+      "only check that the files CATALOG describes are unchanged (exit 0, or 3 when stale)");
+  const auto vm = parse_command_line(
+      "catalog", "--base DIR --experts DIR... --out CATALOG [--block-bytes N] | --check CATALOG",
+      options, po::positional_options_description(), ctx.args, ctx.comm.is_root());
+  if (!vm) return 0;
+  if (!check.empty()) {
+    if (!base.empty() || !experts.empty() || !out.empty()) {
+      throw UsageError("catalog: --check takes only the catalog folder");
+    }
+    return run_check(ctx, check);
+  }
+  if (base.empty())
+    throw UsageError("catalog: --base is required (see 'mergepipe catalog --help')");
+  if (experts.empty()) throw UsageError("catalog: --experts needs at least one folder");
+  if (out.empty()) throw UsageError("catalog: --out is required");
+  if (threads < 0) throw UsageError("catalog: --threads must be >= 0");
+  // 0: not given (the default for a new catalog, the existing catalog's size otherwise).
+  const std::uint64_t block_bytes =
+      block_bytes_text.empty() ? 0 : parse_block_bytes(block_bytes_text);
+
+  const auto start = std::chrono::steady_clock::now();
+  const io::ByteCounts before = io::global_byte_counters().snapshot();
+  mpi::CatalogBuildOptions build;
+  build.base_dir = base;
+  build.block_bytes = block_bytes != 0 ? block_bytes : kDefaultBlockBytes;
+  build.allow_nonfinite = allow_nonfinite;
+  build.threads = threads;
+
+  // An existing catalog is extended (unless --force): every rank needs its structure.
+  std::vector<std::string> skipped;
+  ctx.comm.check(mpi::capture_failure([&] {
+                   if (!io::is_catalog_folder(out)) return;
+                   if (force) return;
+                   Catalog existing = io::load_catalog(out);
+                   if (ctx.comm.is_root()) io::check_catalog_fresh(existing);
+                   if (block_bytes != 0 && block_bytes != existing.blocking.block_bytes) {
+                     throw UsageError("catalog: " + out + " was built with --block-bytes " +
+                                      std::to_string(existing.blocking.block_bytes) +
+                                      "; pass --force to rebuild it with " +
+                                      std::to_string(block_bytes));
+                   }
+                   build.existing = std::move(existing);
+                 }),
+                 "catalog: opening the existing catalog");
+  for (const std::string& dir : experts) {
+    if (build.existing && build.existing->find_expert(dir) >= 0) {
+      skipped.push_back(dir);
+    } else {
+      build.expert_dirs.push_back(dir);
+    }
+  }
+  if (ctx.comm.is_root()) {
+    for (const std::string& dir : skipped) std::printf("already catalogued: %s\n", dir.c_str());
+  }
+  if (build.expert_dirs.empty()) {
+    if (ctx.comm.is_root()) std::printf("catalog %s: nothing to add\n", out.c_str());
+    return 0;
+  }
+
+  const std::size_t added = build.expert_dirs.size();
+  Catalog cat = mpi::build_catalog(ctx.comm, build);
+  std::uint64_t catalog_bytes = 0;
+  ctx.comm.check(
+      mpi::capture_failure([&] {
+        if (!ctx.comm.is_root()) return;
+        cat.build_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        io::save_catalog(cat, out);
+        catalog_bytes = io::catalog_size_bytes(out);
+      }),
+      "catalog: writing the catalog");
+
+  const io::ByteCounts after = io::global_byte_counters().snapshot();
+  const std::uint64_t base_read =
+      ctx.comm.allreduce_sum(after.base - before.base, "catalog: counting bytes");
+  const std::uint64_t expert_read =
+      ctx.comm.allreduce_sum(after.expert - before.expert, "catalog: counting bytes");
+  if (ctx.comm.is_root()) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::uint64_t family = cat.family_bytes();
+    std::printf("catalog %s: %zu expert%s (%zu new), %zu tensors, %zu blocks of up to %s\n",
+                out.c_str(), cat.expert_count(), cat.expert_count() == 1 ? "" : "s", added,
+                cat.tensors.size(), cat.block_count(), human(cat.blocking.block_bytes).c_str());
+    std::printf(
+        "read: base %s, experts %s (%" PRIu64 " + %" PRIu64
+        " bytes) in %.2f s (%.2f GiB/s) on %d rank%s\n",
+        human(base_read).c_str(), human(expert_read).c_str(), base_read, expert_read, seconds,
+        seconds > 0 ? static_cast<double>(base_read + expert_read) / seconds / (1u << 30) : 0.0,
+        ctx.comm.size(), ctx.comm.size() == 1 ? "" : "s");
+    std::printf(
+        "catalog size: %s = %.4f%% of the family's %s\n", human(catalog_bytes).c_str(),
+        family ? 100.0 * static_cast<double>(catalog_bytes) / static_cast<double>(family) : 0.0,
+        human(family).c_str());
+  }
+  return 0;
+}
 
 }  // namespace mergepipe::app

@@ -1,0 +1,40 @@
+#pragma once
+// The catalog on disk (schema: docs/formats.md, section "Catalog"): a folder holding
+// `catalog.h5` (numeric arrays, chunked datasets) and `catalog.json` (summary, folders and file
+// identities). Written by one process with the serial HDF5 driver: the arrays are tiny next to
+// the weights they describe.
+#include <cstdint>
+#include <string>
+
+#include "mergepipe/catalog.hpp"
+
+namespace mergepipe::io {
+
+inline constexpr const char* kCatalogH5Name = "catalog.h5";
+inline constexpr const char* kCatalogJsonName = "catalog.json";
+
+// Reads a catalog folder. Throws InputError when content is missing, malformed or inconsistent
+// (naming the file and the dataset), IoError when the storage fails. Counts the bytes of both
+// files under ByteCategory::kCatalog.
+Catalog load_catalog(const std::string& path);
+
+// Writes a catalog folder atomically: into a temporary folder next to `path`, fsynced, then
+// swapped into place (an existing catalog at `path` is replaced as a whole). Refuses (UsageError)
+// to replace a `path` that exists and is not a catalog folder.
+void save_catalog(const Catalog& catalog, const std::string& path);
+
+// True when `path` is a folder holding catalog.json.
+bool is_catalog_folder(const std::string& path);
+
+// Bytes of catalog.h5 + catalog.json in `path`.
+std::uint64_t catalog_size_bytes(const std::string& path);
+
+// Compares every base and expert file with its recorded identity (size, mtime, header hash).
+// Throws InputError "stale catalog: FILE changed since it was catalogued (...)" on the first
+// difference, or when a file is missing or unreadable.
+void check_catalog_fresh(const Catalog& catalog);
+
+// Readable multi-line summary (for `mergepipe inspect CATALOG`).
+std::string describe_catalog(const Catalog& catalog);
+
+}  // namespace mergepipe::io

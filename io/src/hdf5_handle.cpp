@@ -1,0 +1,53 @@
+#include "mergepipe/io/hdf5_handle.hpp"
+
+#include <mutex>
+
+#include "mergepipe/error.hpp"
+
+namespace mergepipe::io::h5 {
+
+bool Handle::reset() noexcept {
+  if (id_ < 0) return true;
+  herr_t rc = 0;
+  switch (kind_) {
+    case Kind::kFile:
+      rc = H5Fclose(id_);
+      break;
+    case Kind::kGroup:
+      rc = H5Gclose(id_);
+      break;
+    case Kind::kDataset:
+      rc = H5Dclose(id_);
+      break;
+    case Kind::kDataspace:
+      rc = H5Sclose(id_);
+      break;
+    case Kind::kDatatype:
+      rc = H5Tclose(id_);
+      break;
+    case Kind::kAttribute:
+      rc = H5Aclose(id_);
+      break;
+    case Kind::kPropertyList:
+      rc = H5Pclose(id_);
+      break;
+  }
+  id_ = H5I_INVALID_HID;
+  return rc >= 0;
+}
+
+void silence_hdf5_errors() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+}
+
+hid_t check_id(hid_t id, const char* call, const std::string& context) {
+  if (id < 0) throw IoError("HDF5 " + std::string(call) + " failed for " + context);
+  return id;
+}
+
+void check_status(herr_t status, const char* call, const std::string& context) {
+  if (status < 0) throw IoError("HDF5 " + std::string(call) + " failed for " + context);
+}
+
+}  // namespace mergepipe::io::h5

@@ -1,0 +1,72 @@
+#include "mergepipe/catalog.hpp"
+
+#include <filesystem>
+
+#include "mergepipe/hash.hpp"
+
+namespace mergepipe {
+
+std::uint64_t Catalog::full_expert_bytes() const {
+  std::uint64_t per_expert = 0;
+  for (const Block& b : blocking.blocks) per_expert += b.byte_length;
+  return per_expert * experts.size();
+}
+
+std::string normalize_checkpoint_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::path(dir), ec);
+  if (ec) {
+    ec.clear();
+    p = fs::absolute(fs::path(dir), ec);
+    if (ec) p = fs::path(dir);
+    p = p.lexically_normal();
+  }
+  std::string s = p.string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+int Catalog::find_expert(const std::string& dir) const {
+  const std::string want = normalize_checkpoint_dir(dir);
+  for (std::size_t k = 0; k < experts.size(); ++k) {
+    if (normalize_checkpoint_dir(experts[k].location.dir) == want) return static_cast<int>(k);
+  }
+  return -1;
+}
+
+std::uint64_t Catalog::family_bytes() const {
+  std::uint64_t total = 0;
+  for (const FileIdentity& f : base.files) total += f.size;
+  for (const ExpertCatalog& e : experts)
+    for (const FileIdentity& f : e.location.files) total += f.size;
+  return total;
+}
+
+std::string compute_family_id(const std::vector<TensorInfo>& tensors,
+                              const std::vector<FileIdentity>& base_files) {
+  // Content only (no paths, sizes or times): a copied base keeps its family id.
+  Hasher128 h;
+  const auto put_u64 = [&h](std::uint64_t v) {
+    unsigned char le[8];
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(v >> (8 * i));
+    h.update(le, sizeof le);
+  };
+  const auto put_str = [&](const std::string& s) {
+    put_u64(s.size());
+    h.update(s.data(), s.size());
+  };
+  put_str("mergepipe-family-1");
+  put_u64(tensors.size());
+  for (const TensorInfo& t : tensors) {
+    put_str(t.name);
+    put_str(std::string(dtype_name(t.dtype)));
+    put_u64(t.shape.size());
+    for (std::uint64_t d : t.shape) put_u64(d);
+  }
+  put_u64(base_files.size());
+  for (const FileIdentity& f : base_files) put_str(f.header_hash);
+  return h.hex();
+}
+
+}  // namespace mergepipe

@@ -1,0 +1,497 @@
+// Catalog core: block statistics, structure matching, family id, storage round trip, staleness,
+// and that catalog.h5 is readable by h5py.
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "mergepipe/block_stats.hpp"
+#include "mergepipe/catalog.hpp"
+#include "mergepipe/dtype.hpp"
+#include "mergepipe/error.hpp"
+#include "mergepipe/io/byte_counters.hpp"
+#include "mergepipe/io/catalog_store.hpp"
+#include "mergepipe/io/file.hpp"
+#include "mergepipe/io/safetensors.hpp"
+#include "mergepipe/structure_match.hpp"
+#include "unit/checkpoint_test_util.hpp"
+
+using namespace mergepipe;
+using mergepipe::test::error_message;
+using mergepipe::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::byte> bf16_bytes(const std::vector<float>& values) {
+  std::vector<std::byte> out(values.size() * 2);
+  convert_from_f32(DType::kBF16, values.data(), out.data(), values.size());
+  return out;
+}
+
+// Octave by the definition in catalog.hpp, computed independently with log2.
+int reference_octave(double magnitude) {
+  if (magnitude == 0.0) return 0;
+  const int o = static_cast<int>(std::floor(std::log2(magnitude))) + kOctaveBias;
+  return std::clamp(o, 0, kNormOctaves - 1);
+}
+
+MagnitudeSketch random_sketch(std::mt19937_64& rng, std::size_t n) {
+  std::normal_distribution<float> dist(0.0f, 0.01f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  if (n > 2) v[1] = 0.0f;
+  MagnitudeSketch s;
+  s.add(v.data(), v.size());
+  return s;
+}
+
+// A catalog with every field set to something non-default (no files behind it).
+Catalog synthetic_catalog() {
+  std::mt19937_64 rng(42);
+  Catalog c;
+  c.tensors = {{"model.embed_tokens.weight", DType::kBF16, {6, 4}},
+               {"model.norm.weight", DType::kF32, {5}},
+               {"empty", DType::kF16, {0, 3}},
+               {"scalar", DType::kF32, {}},
+               {"model.layers.0.self_attn.q_proj.weight", DType::kF16, {3, 2, 2}}};
+  c.blocking = make_blocking(c.tensors, 16);
+  c.family_id = "0123456789abcdef0123456789abcdef";
+  c.build_seconds = 1.25;
+  const auto location = [&](const std::string& dir, std::size_t files) {
+    CheckpointLocation loc;
+    loc.dir = dir;
+    for (std::size_t f = 0; f < files; ++f) {
+      loc.shard_names.push_back("model-0000" + std::to_string(f + 1) + ".safetensors");
+      loc.files.push_back(FileIdentity{dir + "/" + loc.shard_names.back(), 4096 + f,
+                                       1700000000123456789LL + static_cast<std::int64_t>(f),
+                                       "feedface" + std::to_string(f)});
+    }
+    for (std::size_t t = 0; t < c.tensors.size(); ++t) {
+      loc.tensor_file.push_back(static_cast<std::uint32_t>(t % files));
+      loc.tensor_offset.push_back(64 + 100 * t);
+    }
+    return loc;
+  };
+  c.base = location("/data/base", 2);
+  for (int k = 0; k < 2; ++k) {
+    ExpertCatalog e;
+    e.location = location("/data/expert" + std::to_string(k), 1 + k);
+    e.nonfinite = static_cast<std::uint64_t>(k * 3);
+    for (std::size_t b = 0; b < c.block_count(); ++b) {
+      BlockStats s;
+      s.l2 = std::ldexp(static_cast<double>(rng() % 100000), -20);
+      s.max_abs = static_cast<float>(rng() % 1000) / 7.0f;
+      s.nonzero = rng() % 50;
+      s.hash = rng();
+      for (float& o : s.octave_sumsq) o = static_cast<float>(rng() % 17) / 3.0f;
+      e.blocks.push_back(s);
+    }
+    for (const TensorInfo& t : c.tensors) e.sketches.push_back(random_sketch(rng, t.numel()));
+    c.experts.push_back(std::move(e));
+  }
+  return c;
+}
+
+void expect_same_catalog(const Catalog& a, const Catalog& b) {
+  EXPECT_EQ(a.format, b.format);
+  EXPECT_EQ(a.family_id, b.family_id);
+  EXPECT_EQ(a.tensors, b.tensors);
+  EXPECT_EQ(a.blocking.block_bytes, b.blocking.block_bytes);
+  ASSERT_EQ(a.blocking.blocks.size(), b.blocking.blocks.size());
+  for (std::size_t i = 0; i < a.blocking.blocks.size(); ++i) {
+    const Block &x = a.blocking.blocks[i], &y = b.blocking.blocks[i];
+    EXPECT_EQ(x.tensor, y.tensor);
+    EXPECT_EQ(x.elem_begin, y.elem_begin);
+    EXPECT_EQ(x.elem_count, y.elem_count);
+    EXPECT_EQ(x.byte_begin, y.byte_begin);
+    EXPECT_EQ(x.byte_length, y.byte_length);
+  }
+  EXPECT_EQ(a.blocking.first_block, b.blocking.first_block);
+  EXPECT_EQ(a.blocking.block_count, b.blocking.block_count);
+  EXPECT_EQ(a.base, b.base);
+  ASSERT_EQ(a.experts.size(), b.experts.size());
+  for (std::size_t k = 0; k < a.experts.size(); ++k) {
+    EXPECT_EQ(a.experts[k].location, b.experts[k].location);
+    EXPECT_EQ(a.experts[k].nonfinite, b.experts[k].nonfinite);
+    EXPECT_EQ(a.experts[k].blocks, b.experts[k].blocks) << "expert " << k;
+    EXPECT_EQ(a.experts[k].sketches, b.experts[k].sketches) << "expert " << k;
+  }
+  EXPECT_DOUBLE_EQ(a.build_seconds, b.build_seconds);
+}
+
+// Writes a one-file checkpoint folder with the given bf16 tensors.
+void write_checkpoint(const std::string& dir, const std::vector<TensorInfo>& tensors,
+                      const std::vector<std::vector<float>>& values) {
+  fs::create_directories(dir);
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<std::span<const std::byte>> spans;
+  for (const auto& v : values) bytes.push_back(bf16_bytes(v));
+  for (const auto& b : bytes) spans.emplace_back(b);
+  io::write_safetensors(dir + "/model.safetensors", tensors, spans);
+}
+
+CheckpointLocation location_of(const std::string& dir) {
+  CheckpointLocation loc;
+  loc.dir = dir;
+  loc.shard_names = {"model.safetensors"};
+  const std::string path = dir + "/model.safetensors";
+  FileIdentity id = io::stat_identity(path);
+  id.header_hash = io::read_safetensors_header(path).header_hash;
+  loc.files = {id};
+  return loc;
+}
+
+std::string run_and_capture(const std::string& command) {
+  std::string out;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return out;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  if (status != 0) out += "\n<exit status " + std::to_string(status) + ">";
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(BlockStats, MatchesDirectComputation) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> weights(0.0f, 0.05f), updates(0.0f, 0.002f);
+  const std::size_t n = 3001;
+  std::vector<float> base(n), expert(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    base[i] = weights(rng);
+    // A third of the entries unchanged (a frozen part), the rest a small update.
+    expert[i] = i % 3 == 0 ? base[i] : base[i] + updates(rng);
+  }
+  const auto base_bytes = bf16_bytes(base), expert_bytes = bf16_bytes(expert);
+  std::vector<float> b32(n), e32(n), delta(n);
+  convert_to_f32(DType::kBF16, base_bytes.data(), b32.data(), n);
+  convert_to_f32(DType::kBF16, expert_bytes.data(), e32.data(), n);
+  compute_delta(b32.data(), e32.data(), delta.data(), n);
+
+  // The documented accumulation order: element i into lane i mod 8 (octaves: table i mod 4).
+  double lanes[8] = {};
+  float max_abs = 0;
+  std::uint64_t nonzero = 0;
+  double tables[4][kNormOctaves] = {};
+  for (std::size_t i = 0; i < n; ++i) {
+    const float d = e32[i] - b32[i];
+    ASSERT_EQ(delta[i], d) << "delta is not the fp32 difference at " << i;
+    lanes[i % 8] += static_cast<double>(d) * d;
+    max_abs = std::max(max_abs, std::fabs(d));
+    nonzero += d != 0.0f;
+    tables[i % 4][reference_octave(std::fabs(static_cast<double>(d)))] +=
+        static_cast<double>(d) * d;
+  }
+  const double sumsq = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                       ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  std::array<double, kNormOctaves> octaves{};
+  for (int o = 0; o < kNormOctaves; ++o)
+    octaves[o] = (tables[0][o] + tables[1][o]) + (tables[2][o] + tables[3][o]);
+  const BlockStats s = compute_block_stats(delta, expert_bytes);
+  EXPECT_EQ(s.l2, std::sqrt(sumsq));
+  EXPECT_EQ(s.max_abs, max_abs);
+  EXPECT_EQ(s.nonzero, nonzero);
+  EXPECT_GT(nonzero, n / 2);
+  EXPECT_LT(nonzero, n);  // the frozen third gives exact zeros
+  EXPECT_EQ(s.hash, XXH3_64bits(expert_bytes.data(), expert_bytes.size()));
+  double octave_total = 0;
+  for (int o = 0; o < kNormOctaves; ++o) {
+    EXPECT_EQ(s.octave_sumsq[o], static_cast<float>(octaves[o])) << "octave " << o;
+    octave_total += s.octave_sumsq[o];
+  }
+  EXPECT_NEAR(octave_total, sumsq, 1e-6 * sumsq);
+  EXPECT_EQ(count_nonfinite(e32), 0u);
+}
+
+TEST(BlockStats, ZeroDeltaAndNonFinite) {
+  const std::vector<float> zeros(10, 0.0f);
+  const std::vector<std::byte> stored(20, std::byte{1});
+  const BlockStats z = compute_block_stats(zeros, stored);
+  EXPECT_EQ(z.l2, 0.0);
+  EXPECT_EQ(z.max_abs, 0.0f);
+  EXPECT_EQ(z.nonzero, 0u);
+  for (float o : z.octave_sumsq) EXPECT_EQ(o, 0.0f);
+
+  std::vector<float> d = {0.5f, -0.25f, std::numeric_limits<float>::quiet_NaN(), 0.0f};
+  EXPECT_EQ(count_nonfinite(d), 1u);
+  const BlockStats s = compute_block_stats(d, stored);
+  EXPECT_TRUE(std::isinf(s.l2));
+  EXPECT_TRUE(std::isinf(s.max_abs));
+  EXPECT_EQ(s.nonzero, 3u);
+  EXPECT_TRUE(std::isinf(s.octave_sumsq[kNormOctaves - 1]));
+  EXPECT_EQ(s.octave_sumsq[kOctaveBias - 1], 0.25f);    // 0.5 is in [2^-1, 2^0)
+  EXPECT_EQ(s.octave_sumsq[kOctaveBias - 2], 0.0625f);  // 0.25 is in [2^-2, 2^-1)
+  d[2] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(count_nonfinite(d), 1u);
+}
+
+TEST(BlockStats, OctaveEdges) {
+  EXPECT_EQ(norm_octave(1.0f), kOctaveBias);
+  EXPECT_EQ(norm_octave(1.5f), kOctaveBias);
+  EXPECT_EQ(norm_octave(0.75f), kOctaveBias - 1);
+  EXPECT_EQ(norm_octave(std::ldexp(1.0f, -kOctaveBias)), 0);
+  EXPECT_EQ(norm_octave(std::ldexp(1.0f, -kOctaveBias + 1)), 1);
+  EXPECT_EQ(norm_octave(std::ldexp(1.0f, -kOctaveBias - 5)), 0);
+  EXPECT_EQ(norm_octave(0.0f), 0);
+  EXPECT_EQ(norm_octave(std::numeric_limits<float>::denorm_min()), 0);
+  EXPECT_EQ(norm_octave(std::ldexp(1.0f, kNormOctaves - kOctaveBias - 1)), kNormOctaves - 1);
+  EXPECT_EQ(norm_octave(1e30f), kNormOctaves - 1);
+  for (float x : {3e-9f, 1e-4f, 0.002f, 0.3f, 7.0f})
+    EXPECT_EQ(norm_octave(x), reference_octave(x)) << x;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(StructureMatch, SameTensorsInAnotherOrderMatch) {
+  const std::vector<TensorInfo> base = {{"a", DType::kBF16, {4, 2}}, {"b", DType::kF32, {3}}};
+  const std::vector<TensorInfo> other = {base[1], base[0]};
+  EXPECT_FALSE(find_structure_mismatch(base, other));
+}
+
+TEST(StructureMatch, NamesTheFirstMismatch) {
+  const std::vector<TensorInfo> base = {
+      {"a", DType::kBF16, {4, 2}}, {"b", DType::kBF16, {3, 8}}, {"c", DType::kF32, {3}}};
+  {  // missing tensor
+    auto m = find_structure_mismatch(base, {base[0], base[2]});
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->tensor, "b");
+    EXPECT_FALSE(m->other_index);
+    EXPECT_EQ(m->what, "is missing (the base has it)");
+  }
+  {  // shape; the later dtype mismatch of "c" is not reported
+    std::vector<TensorInfo> other = base;
+    other[1].shape = {3, 4};
+    other[2].dtype = DType::kF16;
+    auto m = find_structure_mismatch(base, other);
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->tensor, "b");
+    EXPECT_EQ(m->other_index, 1u);
+    EXPECT_EQ(m->what, "has shape [3, 4] but the base has [3, 8]");
+  }
+  {  // dtype
+    std::vector<TensorInfo> other = {base[2], base[1], base[0]};
+    other[1].dtype = DType::kF16;
+    auto m = find_structure_mismatch(base, other);
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->tensor, "b");
+    EXPECT_EQ(m->other_index, 1u);
+    EXPECT_EQ(m->what, "has dtype F16 but the base has BF16");
+  }
+  {  // extra tensor
+    std::vector<TensorInfo> other = base;
+    other.insert(other.begin() + 1, TensorInfo{"lm_head.weight", DType::kBF16, {4, 2}});
+    auto m = find_structure_mismatch(base, other);
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->tensor, "lm_head.weight");
+    EXPECT_EQ(m->other_index, 1u);
+    EXPECT_EQ(m->what, "is not in the base");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(CatalogModel, FullExpertBytesAndFindExpert) {
+  Catalog c = synthetic_catalog();
+  std::uint64_t per_expert = 0;
+  for (const TensorInfo& t : c.tensors) per_expert += t.nbytes();
+  EXPECT_EQ(c.full_expert_bytes(), 2 * per_expert);
+  EXPECT_EQ(c.find_expert("/data/expert1"), 1);
+  EXPECT_EQ(c.find_expert("/data/expert1/"), 1);
+  EXPECT_EQ(c.find_expert("/data/./expert0"), 0);
+  EXPECT_EQ(c.find_expert("/data/expert2"), -1);
+  EXPECT_EQ(c.family_bytes(), (4096u + 4097u) + 4096u + (4096u + 4097u));
+}
+
+TEST(CatalogModel, FamilyIdIsStableAndContentOnly) {
+  const std::vector<TensorInfo> tensors = {{"a", DType::kBF16, {4, 2}}, {"b", DType::kF32, {3}}};
+  const std::vector<FileIdentity> files = {{"/x/model.safetensors", 100, 5, "00ff"}};
+  const std::string id = compute_family_id(tensors, files);
+  // Pinned: a change here silently invalidates every catalog built before it.
+  EXPECT_EQ(id, compute_family_id(tensors, files));
+  EXPECT_EQ(id.size(), 32u);
+  EXPECT_EQ(id, "6ed2bf906fdb16ebb0afbfdbf68fd7ab");
+  // Paths, sizes and times do not matter: a copied base is the same family.
+  EXPECT_EQ(id, compute_family_id(tensors, {{"/elsewhere/model.safetensors", 7, 9, "00ff"}}));
+  auto other = tensors;
+  other[0].shape = {2, 4};
+  EXPECT_NE(id, compute_family_id(other, files));
+  other = tensors;
+  other[1].dtype = DType::kF16;
+  EXPECT_NE(id, compute_family_id(other, files));
+  EXPECT_NE(id, compute_family_id(tensors, {{"/x/model.safetensors", 100, 5, "00fe"}}));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(CatalogStore, RoundTripKeepsEveryField) {
+  TempDir tmp;
+  const Catalog c = synthetic_catalog();
+  const std::string path = tmp.file("cat");
+  io::save_catalog(c, path);
+  EXPECT_TRUE(io::is_catalog_folder(path));
+  EXPECT_TRUE(fs::exists(path + "/catalog.h5"));
+  // Nothing but the two files, no temporary folder left next to it.
+  std::size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(tmp.path())) {
+    (void)e;
+    ++entries;
+  }
+  EXPECT_EQ(entries, 1u);
+
+  io::global_byte_counters().reset();
+  const Catalog back = io::load_catalog(path);
+  expect_same_catalog(c, back);
+  EXPECT_EQ(io::global_byte_counters().snapshot().catalog, io::catalog_size_bytes(path));
+
+  // The JSON summary carries the totals.
+  const std::string json = test::read_file(path + "/catalog.json");
+  EXPECT_NE(json.find("\"family_id\": \"" + c.family_id + "\""), std::string::npos);
+  EXPECT_NE(json.find("\"catalog_bytes\": " + std::to_string(io::catalog_size_bytes(path))),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"expert_bytes\": " + std::to_string(c.full_expert_bytes())),
+            std::string::npos);
+
+  // Saving again replaces the catalog as a whole.
+  Catalog smaller = c;
+  smaller.experts.pop_back();
+  io::save_catalog(smaller, path);
+  expect_same_catalog(smaller, io::load_catalog(path));
+}
+
+TEST(CatalogStore, RefusesToReplaceAForeignFolder) {
+  TempDir tmp;
+  fs::create_directories(tmp.file("precious"));
+  test::write_file(tmp.file("precious/notes.txt"), "keep me");
+  const std::string msg = error_message<UsageError>(
+      [&] { io::save_catalog(synthetic_catalog(), tmp.file("precious")); });
+  EXPECT_NE(msg.find("is not a catalog folder"), std::string::npos) << msg;
+  EXPECT_TRUE(fs::exists(tmp.file("precious/notes.txt")));
+}
+
+TEST(CatalogStore, CorruptContentIsAnInputError) {
+  TempDir tmp;
+  const std::string path = tmp.file("cat");
+  io::save_catalog(synthetic_catalog(), path);
+  // catalog.h5 replaced by junk: named as not HDF5.
+  const std::string h5 = test::read_file(path + "/catalog.h5");
+  test::write_file(path + "/catalog.h5", "not an hdf5 file at all");
+  std::string msg = error_message<InputError>([&] { io::load_catalog(path); });
+  EXPECT_NE(msg.find("catalog.h5: not an HDF5 file"), std::string::npos) << msg;
+  test::write_file(path + "/catalog.h5", h5);
+  // A summary of another catalog next to it.
+  std::string json = test::read_file(path + "/catalog.json");
+  const std::string key = "\"block_bytes\": 16";
+  ASSERT_NE(json.find(key), std::string::npos);
+  json.replace(json.find(key), key.size(), "\"block_bytes\": 32");
+  test::write_file(path + "/catalog.json", json);
+  msg = error_message<InputError>([&] { io::load_catalog(path); });
+  EXPECT_NE(msg.find("describe different catalogs"), std::string::npos) << msg;
+  msg = error_message<InputError>([&] { io::load_catalog(tmp.file("nothing")); });
+  EXPECT_NE(msg.find("no such catalog folder"), std::string::npos) << msg;
+}
+
+TEST(CatalogStore, DescribeNamesTheParts) {
+  const Catalog c = synthetic_catalog();
+  const std::string text = io::describe_catalog(c);
+  EXPECT_NE(text.find("family " + c.family_id), std::string::npos) << text;
+  EXPECT_NE(text.find("tensors: 5"), std::string::npos) << text;
+  EXPECT_NE(text.find("blocks: " + std::to_string(c.block_count())), std::string::npos) << text;
+  EXPECT_NE(text.find("[1] /data/expert1"), std::string::npos) << text;
+  EXPECT_NE(text.find("3 NaN/Inf values"), std::string::npos) << text;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(CatalogStore, StaleFilesAreDetected) {
+  TempDir tmp;
+  const std::vector<TensorInfo> tensors = {{"w", DType::kBF16, {4, 8}}, {"n", DType::kBF16, {8}}};
+  const std::vector<std::vector<float>> values = {std::vector<float>(32, 0.5f),
+                                                  std::vector<float>(8, 1.0f)};
+  write_checkpoint(tmp.file("base"), tensors, values);
+  write_checkpoint(tmp.file("e0"), tensors, values);
+  Catalog c;
+  c.tensors = tensors;
+  c.base = location_of(tmp.file("base"));
+  c.experts.resize(1);
+  c.experts[0].location = location_of(tmp.file("e0"));
+  EXPECT_NO_THROW(io::check_catalog_fresh(c));
+
+  const std::string expert_file = tmp.file("e0/model.safetensors");
+  // Only the modification time changes ("touch").
+  const auto mtime = fs::last_write_time(expert_file);
+  fs::last_write_time(expert_file, mtime + std::chrono::seconds(2));
+  std::string msg = error_message<InputError>([&] { io::check_catalog_fresh(c); });
+  EXPECT_EQ(msg, "stale catalog: " + expert_file +
+                     " changed since it was catalogued (size/mtime/header differ: mtime)");
+
+  // Rewritten with another shape: size and header differ too.
+  write_checkpoint(tmp.file("e0"), {{"w", DType::kBF16, {4, 9}}, tensors[1]},
+                   {std::vector<float>(36, 0.5f), values[1]});
+  msg = error_message<InputError>([&] { io::check_catalog_fresh(c); });
+  EXPECT_NE(msg.find("stale catalog: " + expert_file + " changed since it was catalogued"),
+            std::string::npos)
+      << msg;
+  const std::string sizes = "size " + std::to_string(c.experts[0].location.files[0].size) + " -> " +
+                            std::to_string(fs::file_size(expert_file));
+  EXPECT_NE(msg.find(sizes + ", mtime, header)"), std::string::npos) << msg;
+
+  // The base is checked as well, and a missing file is stale.
+  c.experts[0].location = location_of(tmp.file("e0"));
+  EXPECT_NO_THROW(io::check_catalog_fresh(c));
+  fs::remove(tmp.file("base/model.safetensors"));
+  msg = error_message<InputError>([&] { io::check_catalog_fresh(c); });
+  EXPECT_NE(msg.find("stale catalog: " + tmp.file("base/model.safetensors")), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("missing or unreadable"), std::string::npos) << msg;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(CatalogStore, ReadableWithH5py) {
+  TempDir tmp;
+  const Catalog c = synthetic_catalog();
+  const std::string path = tmp.file("cat");
+  io::save_catalog(c, path);
+  const std::string out =
+      run_and_capture(std::string(MERGEPIPE_TEST_PYTHON) + " " + MERGEPIPE_TEST_SCRIPTS +
+                      "/read_catalog.py " + path + " 2>&1");
+  const std::string nb = std::to_string(c.block_count());
+  const std::string nt = std::to_string(c.tensors.size());
+  std::size_t keys0 = 0;
+  for (const MagnitudeSketch& s : c.experts[0].sketches) keys0 += s.keys().size();
+  for (const std::string& line : std::vector<std::string>{
+           "@format mergepipe-catalog-1", "@block_count " + nb, "@expert_count 2",
+           "/blocks/byte_length (" + nb + ",) uint64", "/blocks/tensor (" + nb + ",) uint32",
+           "/tensors/name (" + nt + ",) |S38", "/experts/000/block_l2 (" + nb + ",) float64",
+           "/experts/001/block_octaves (" + nb + ", 48) float32",
+           "/experts/001/sketch_offsets (" + std::to_string(c.tensors.size() + 1) + ",) uint64",
+           "/experts/000/sketch_keys (" + std::to_string(keys0) + ",) uint16",
+           "/base/tensor_offset (" + nt + ",) uint64",
+           "tensor 0 model.embed_tokens.weight BF16 [6, 4]", "tensor 3 scalar F32 []"}) {
+    EXPECT_NE(out.find(line + "\n"), std::string::npos) << "missing line '" << line << "' in:\n"
+                                                        << out;
+  }
+  // Values as h5py sees them equal ours.
+  for (std::size_t k = 0; k < c.experts.size(); ++k) {
+    std::uint64_t nonzero = 0, sketch_total = 0;
+    for (const BlockStats& s : c.experts[k].blocks) nonzero += s.nonzero;
+    for (const MagnitudeSketch& s : c.experts[k].sketches) sketch_total += s.total();
+    std::ostringstream want;
+    want << "expert " << k << " nonzero " << nonzero << " sketch_total " << sketch_total << " l2_0 "
+         << c.experts[k].blocks[0].l2 << "\n";
+    EXPECT_NE(out.find(want.str()), std::string::npos) << want.str() << " not in:\n" << out;
+  }
+}
