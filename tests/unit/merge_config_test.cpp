@@ -1,0 +1,180 @@
+// The YAML merge config: the toolkit's form, our keys, defaults, paths and every error case.
+#include "mergepipe/io/merge_config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "checkpoint_test_util.hpp"
+#include "mergepipe/error.hpp"
+
+using namespace mergepipe;
+
+namespace {
+
+std::string usage_error(const std::string& yaml, const std::string& source = "/cfg/merge.yaml") {
+  try {
+    io::parse_merge_config(yaml, source);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+const char* kValid = R"(
+merge_method: ties
+base_model: /models/base
+models:
+  - model: /models/expert00
+    parameters: {weight: 1.0, density: 0.5}
+  - model: /models/expert01
+    parameters:
+      weight: 0.5
+parameters: {normalize: false, lambda: 0.8, density: 0.3}
+dtype: bf16
+budget: 25%
+seed: 42
+)";
+
+}  // namespace
+
+TEST(MergeConfig, ToolkitStyleConfig) {
+  const MergeSpec s = io::parse_merge_config(kValid, "/cfg/merge.yaml");
+  EXPECT_EQ(s.method, MergeMethod::kTies);
+  EXPECT_EQ(s.base_model, "/models/base");
+  ASSERT_EQ(s.experts.size(), 2u);
+  EXPECT_EQ(s.experts[0].path, "/models/expert00");
+  EXPECT_EQ(s.experts[0].weight, 1.0);
+  EXPECT_EQ(s.experts[0].density, 0.5);
+  EXPECT_EQ(s.experts[1].weight, 0.5);
+  EXPECT_EQ(s.experts[1].density, 0.3);  // the global default
+  ASSERT_TRUE(s.normalize.has_value());
+  EXPECT_FALSE(*s.normalize);
+  EXPECT_EQ(s.lambda, 0.8);
+  EXPECT_EQ(s.out_dtype, DType::kBF16);
+  EXPECT_EQ(s.budget, "25%");
+  EXPECT_EQ(s.seed, 42u);
+}
+
+TEST(MergeConfig, DefaultsAndStringModels) {
+  const MergeSpec s = io::parse_merge_config(R"(
+merge_method: linear
+base_model: /m/base
+models: [/m/a, /m/b/]
+)",
+                                             "/cfg/x.yaml");
+  EXPECT_EQ(s.method, MergeMethod::kLinear);
+  ASSERT_EQ(s.experts.size(), 2u);
+  EXPECT_EQ(s.experts[1].path, "/m/b");
+  EXPECT_EQ(s.experts[0].weight, 1.0);
+  EXPECT_EQ(s.experts[0].density, 1.0);
+  EXPECT_FALSE(s.normalize.has_value());
+  EXPECT_TRUE(s.effective_normalize());  // linear's default
+  EXPECT_EQ(s.lambda, 1.0);
+  EXPECT_FALSE(s.out_dtype.has_value());
+  EXPECT_FALSE(s.budget.has_value());
+  EXPECT_EQ(s.seed, 0u);
+  // Global weight default, per-model override; dtype spellings.
+  const MergeSpec t = io::parse_merge_config(R"(
+merge_method: task_arithmetic
+base_model: /m/base
+models:
+  - /m/a
+  - model: /m/b
+    parameters: {weight: -0.25}
+parameters: {weight: 2}
+dtype: float32
+)",
+                                             "x.yaml");
+  EXPECT_EQ(t.experts[0].weight, 2.0);
+  EXPECT_EQ(t.experts[1].weight, -0.25);
+  EXPECT_EQ(t.out_dtype, DType::kF32);
+}
+
+TEST(MergeConfig, RelativePathsResolveAgainstTheConfigFolder) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/configs");
+  const std::string path = dir.file("configs/merge.yaml");
+  test::write_file(path,
+                   "merge_method: dare_linear\nbase_model: ../models/base\nmodels:\n  - ./e1\n"
+                   "  - model: sub/../e2\n    parameters: {density: 0.1}\n");
+  const MergeSpec s = io::load_merge_config(path);
+  EXPECT_EQ(s.base_model, dir.path() + "/models/base");
+  EXPECT_EQ(s.experts[0].path, dir.path() + "/configs/e1");
+  EXPECT_EQ(s.experts[1].path, dir.path() + "/configs/e2");
+  EXPECT_EQ(s.experts[1].density, 0.1);
+  EXPECT_THROW(io::load_merge_config(dir.file("missing.yaml")), IoError);
+}
+
+TEST(MergeConfig, ErrorsNameFileKeyAndLine) {
+  struct Case {
+    const char* yaml;
+    std::vector<const char*> expect;  // substrings of the message
+  };
+  const std::vector<Case> cases = {
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nfoo: 1\n",
+       {"/cfg/merge.yaml:4", "'foo'", "unknown key"}},
+      {"merge_method: slerp\nbase_model: /b\nmodels: [/a]\n",
+       {":1", "merge_method", "unsupported method 'slerp'"}},
+      {"base_model: /b\nmodels: [/a]\n", {"merge_method", "missing"}},
+      {"merge_method: ties\nmodels: [/a]\n", {"base_model", "missing"}},
+      {"merge_method: ties\nbase_model: /b\n", {"models", "missing"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: /a\n", {":3", "models", "expected a list"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: []\n", {"/cfg/merge.yaml", "no expert"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {weight: "
+       "abc}\n",
+       {":5", "models[0].parameters.weight", "expected a number, got 'abc'"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {weight: "
+       ".inf}\n",
+       {"models[0].parameters.weight", "not a finite number"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {weight: "
+       ".nan}\n",
+       {"models[0].parameters.weight", "not a finite number"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {density: 0}\n",
+       {"models[0].parameters.density", "outside (0, 1]"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {density: "
+       "1.5}\n",
+       {"density", "outside (0, 1]"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {density: "
+       "[0.1, 0.5]}\n",
+       {"density", "expected a number"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {gamma: 1}\n",
+       {"models[0].parameters.gamma", "unknown key"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - modle: /a\n",
+       {":4", "models[0].modle", "unknown key"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - parameters: {weight: 1}\n",
+       {"models[0].model", "missing"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nparameters: {normalize: maybe}\n",
+       {":4", "parameters.normalize", "expected true or false"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nparameters: {lambda: x}\n",
+       {"parameters.lambda"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nparameters: {int8_mask: true}\n",
+       {"parameters.int8_mask", "unknown key"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\ndtype: int8\n",
+       {":4", "dtype", "unsupported dtype 'int8'"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nbudget: 12XB\n",
+       {":4", "budget", "unknown unit"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nseed: -3\n",
+       {":4", "seed", "non-negative integer"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nseed: 99999999999999999999999\n",
+       {"seed", "64 bits"}},
+      {"merge_method: ties\nbase_model: /b\nbase_model: /c\nmodels: [/a]\n",
+       {":3", "base_model", "given twice"}},
+      {"merge_method: ties\nbase_model: [/b]\nmodels: [/a]\n",
+       {":2", "base_model", "expected a string"}},
+      {"merge_method: linear\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {weight: 1}\n"
+       "  - model: /c\n    parameters: {weight: -1}\n",
+       {"/cfg/merge.yaml", "sum to 0"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a\n", {"/cfg/merge.yaml:", "not valid YAML"}},
+      {"- just\n- a list\n", {"/cfg/merge.yaml", "expected a mapping"}},
+      {"", {"/cfg/merge.yaml", "expected a mapping"}},
+  };
+  for (const Case& c : cases) {
+    const std::string msg = usage_error(c.yaml);
+    for (const char* part : c.expect) {
+      EXPECT_NE(msg.find(part), std::string::npos)
+          << "config:\n"
+          << c.yaml << "message: " << msg << "\nmissing: " << part;
+    }
+  }
+}
