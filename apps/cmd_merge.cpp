@@ -1,7 +1,166 @@
+// mergepipe merge CONFIG --catalog CAT --budget B --out DIR  (or --full-read, the naive baseline)
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "cli.hpp"
 #include "commands.hpp"
+#include "merge_pipeline.hpp"
+#include "mergepipe/budget.hpp"
+#include "mergepipe/error.hpp"
+#include "mergepipe/io/catalog_store.hpp"
+#include "mergepipe/io/checkpoint_location.hpp"
+#include "mergepipe/io/hf_folder.hpp"
+#include "mergepipe/io/merge_config.hpp"
+#include "mergepipe/io/output_layout.hpp"
+#include "mergepipe/planner.hpp"
+#include "mergepipe/structure_match.hpp"
 
 namespace mergepipe::app {
 
-int cmd_merge(CommandContext&) { throw UsageError("merge: not built yet"); }
+namespace {
+
+struct MergeOptions {
+  std::string config, catalog, budget, out, format = "safetensors", dtype, max_shard = "5GB";
+  std::optional<double> max_error;
+  std::optional<std::uint64_t> seed;
+  bool full_read = false;
+  std::uint64_t block_bytes = kDefaultBlockBytes;
+  PipelineOptions pipeline;
+};
+
+std::uint64_t parse_size(const std::string& text, const char* what) {
+  const Budget b = Budget::parse(text);
+  if (b.kind != Budget::Kind::kBytes) throw UsageError(std::string(what) + " must be a size, not a percentage");
+  return b.bytes;
+}
+
+// Output dtype per tensor: the config's dtype, else the base's.
+std::vector<DType> output_dtypes(const MergeSpec& spec, const std::vector<TensorInfo>& tensors) {
+  std::vector<DType> out;
+  for (const auto& t : tensors) out.push_back(spec.out_dtype.value_or(t.dtype));
+  return out;
+}
+
+// The naive baseline: no catalog, every expert block admitted.
+MergeTask full_read_task(const MergeSpec& spec, std::uint64_t block_bytes) {
+  MergeTask task;
+  task.spec = spec;
+  task.full_read = true;
+  const Checkpoint base = io::open_checkpoint(spec.base_model);
+  task.tensors = base.tensor_infos();
+  task.block_bytes = block_bytes;
+  task.base = io::locate_tensors(base, task.tensors);
+  for (const auto& e : spec.experts) {
+    const Checkpoint expert = io::open_checkpoint(e.path);
+    if (auto mismatch = find_structure_mismatch(task.tensors, expert.tensor_infos())) {
+      throw InputError(e.path + ": tensor '" + mismatch->tensor + "': " + mismatch->what);
+    }
+    task.experts.push_back(io::locate_tensors(expert, task.tensors));
+  }
+  const Blocking blocking = make_blocking(task.tensors, block_bytes);
+  // Every pair admitted; TIES thresholds come from the data in a pre-pass (merge_pipeline).
+  task.plan = make_full_read_plan(spec, task.tensors, blocking, compute_family_id(task.tensors, base.files));
+  return task;
+}
+
+MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOptions& pipeline) {
+  if (o.catalog.empty()) throw UsageError("merge: --catalog is required (or --full-read for the naive baseline)");
+  const Catalog catalog = io::load_catalog(o.catalog);
+  pipeline.catalog_bytes = io::catalog_size_bytes(o.catalog);
+  io::check_catalog_fresh(catalog);
+  PlanRequest request;
+  const std::string budget_text = !o.budget.empty() ? o.budget : spec.budget.value_or("100%");
+  request.budget = Budget::parse(budget_text);
+  request.max_error = o.max_error;
+  const auto t0 = std::chrono::steady_clock::now();
+  MergeTask task;
+  task.plan = make_plan(catalog, spec, request);
+  pipeline.plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  task.spec = spec;
+  task.spec.budget = budget_text;
+  task.tensors = catalog.tensors;
+  task.block_bytes = catalog.blocking.block_bytes;
+  task.base = catalog.base;
+  for (std::uint32_t idx : task.plan.catalog_expert) task.experts.push_back(catalog.experts.at(idx).location);
+  return task;
+}
+
+}  // namespace
+
+int cmd_merge(CommandContext& ctx) {
+  MergeOptions o;
+  std::vector<std::string> hints;
+  std::string block_bytes_text;
+  double max_error = -1;
+  std::uint64_t seed = 0;
+  po::options_description desc("merge options");
+  desc.add_options()("config", po::value(&o.config)->required(), "merge description (YAML)")(
+      "catalog", po::value(&o.catalog), "catalog folder of the family (from `mergepipe catalog`)")(
+      "budget", po::value(&o.budget), "expert read budget: 25%, 12GiB, 900MB or bytes (default: config, else 100%)")(
+      "max-error", po::value(&max_error), "read the fewest blocks whose omitted-update bound is <= E")(
+      "out", po::value(&o.out)->required(), "output folder (published atomically)")(
+      "format", po::value(&o.format), "safetensors (default) or hdf5")(
+      "dtype", po::value(&o.dtype), "output dtype: bfloat16, float16, float32 (default: config, else base)")(
+      "seed", po::value(&seed), "seed of the DARE masks (default: config, else 0)")(
+      "full-read", po::bool_switch(&o.full_read), "naive baseline: no catalog, read every expert block")(
+      "block-bytes", po::value(&block_bytes_text), "block size for --full-read (default 4MiB)")(
+      "max-shard-size", po::value(&o.max_shard), "largest output shard (default 5GB)")(
+      "threads", po::value(&o.pipeline.threads)->default_value(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
+      "compute threads per rank")(
+      "prefetch", po::value(&o.pipeline.prefetch_depth)->default_value(2), "blocks read ahead per rank")(
+      "force", po::bool_switch(&o.pipeline.force), "replace an existing output folder")(
+      "allow-nonfinite", po::bool_switch(&o.pipeline.allow_nonfinite), "write NaN/Inf results instead of failing")(
+      "mpiio-hint", po::value(&hints)->composing(), "MPI-IO hint key=value for the output files (repeatable)")(
+      "quiet", po::bool_switch(&o.pipeline.quiet), "print nothing on success");
+  po::positional_options_description pos;
+  pos.add("config", 1);
+  const auto vm = parse_command_line("merge", "CONFIG --catalog CAT --budget B --out DIR", desc, pos, ctx.args,
+                                     ctx.comm.is_root());
+  if (!vm) return 0;
+  if (vm->count("max-error")) o.max_error = max_error;
+  if (o.format != "safetensors" && o.format != "hdf5") throw UsageError("merge: --format must be safetensors or hdf5");
+  if (o.pipeline.threads < 1 || o.pipeline.prefetch_depth < 1) throw UsageError("merge: --threads and --prefetch must be >= 1");
+  o.pipeline.out = o.out;
+  o.pipeline.mpiio_hints = parse_hints(hints);
+  o.pipeline.catalog_path = o.full_read ? "" : o.catalog;
+
+  MergeTask task;
+  auto failure = mpi::capture_failure([&] {
+    if (!ctx.comm.is_root()) return;
+    MergeSpec spec = io::load_merge_config(o.config);
+    if (vm->count("seed")) spec.seed = seed;
+    if (!o.dtype.empty()) spec.out_dtype = parse_output_dtype(o.dtype);
+    spec.validate();
+    if (!block_bytes_text.empty()) o.block_bytes = parse_size(block_bytes_text, "--block-bytes");
+    task = o.full_read ? full_read_task(spec, o.block_bytes) : budgeted_task(spec, o, o.pipeline);
+    task.out_dtypes = output_dtypes(task.spec, task.tensors);
+    task.format = o.format == "hdf5" ? OutputFormat::kHdf5 : OutputFormat::kSafetensors;
+    task.max_shard_bytes = parse_size(o.max_shard, "--max-shard-size");
+  });
+  ctx.comm.check(failure, "prepare merge");
+
+  const PipelineOutcome outcome = execute_and_publish(ctx, task, o.pipeline);
+  if (ctx.comm.is_root() && !o.pipeline.quiet) {
+    const Plan& plan = task.plan;
+    const auto& b = outcome.run.bytes;
+    std::printf("merged %zu experts (%s) into %s on %d rank(s) x %d thread(s)\n", task.experts.size(),
+                plan.method.c_str(), o.out.c_str(), ctx.comm.size(), o.pipeline.threads);
+    std::printf("  expert bytes read  %s of %s (%.1f%%), budget %s\n", human_bytes(double(b.expert)).c_str(),
+                human_bytes(double(plan.full_expert_bytes)).c_str(),
+                plan.full_expert_bytes ? 100.0 * double(b.expert) / double(plan.full_expert_bytes) : 0.0,
+                human_bytes(double(plan.budget_bytes)).c_str());
+    std::printf("  base read %s, output written %s\n", human_bytes(double(b.base)).c_str(),
+                human_bytes(double(b.output_written)).c_str());
+    std::printf("  pairs admitted     %llu of %llu (%llu all-zero skipped)\n",
+                static_cast<unsigned long long>(plan.pairs_admitted), static_cast<unsigned long long>(plan.pairs_total),
+                static_cast<unsigned long long>(plan.pairs_zero));
+    std::printf("  error bound        %.6g\n", plan.error_bound);
+    std::printf("  wall time          %.2f s (plan %.3f s, merge %.2f s)\n", outcome.total_seconds,
+                o.pipeline.plan_seconds, outcome.run.merge_seconds);
+    std::printf("  plan hash          %s\n", plan.hash.c_str());
+  }
+  return 0;
+}
 
 }  // namespace mergepipe::app

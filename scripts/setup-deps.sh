@@ -8,7 +8,7 @@ PACKAGES=(
   libhdf5-openmpi-dev hdf5-tools
   libboost-program-options-dev libcereal-dev nlohmann-json3-dev libyaml-cpp-dev libxxhash-dev
   libgtest-dev libgmock-dev
-  python3 python3-numpy python3-h5py
+  python3 python3-numpy python3-h5py python3-yaml
   vmtouch time util-linux
 )
 

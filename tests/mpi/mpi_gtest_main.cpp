@@ -2,12 +2,15 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
+  // MERGEPIPE_TEST_VERBOSE_RANKS=1 keeps every rank's output (to debug a failure on one rank).
+  if (rank != 0 && !std::getenv("MERGEPIPE_TEST_VERBOSE_RANKS")) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
   }

@@ -1,0 +1,39 @@
+#pragma once
+// Everything every rank needs to run its part of a merge, built once on rank 0 (from a catalog
+// and a plan, from full-read inputs, or from a manifest) and broadcast as bytes.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mergepipe/catalog.hpp"
+#include "mergepipe/merge_spec.hpp"
+#include "mergepipe/plan.hpp"
+
+namespace mergepipe {
+
+enum class OutputFormat { kSafetensors, kHdf5 };
+
+struct MergeTask {
+  MergeSpec spec;
+  Plan plan;                                   // mask and thresholds over `tensors` x blocks
+  std::vector<TensorInfo> tensors;             // input tensors in base order
+  std::uint64_t block_bytes = 0;               // blocking = make_blocking(tensors, block_bytes)
+  CheckpointLocation base;
+  std::vector<CheckpointLocation> experts;     // plan order
+  std::vector<DType> out_dtypes;               // per tensor
+  OutputFormat format = OutputFormat::kSafetensors;
+  std::uint64_t max_shard_bytes = 0;
+  bool full_read = false;                      // naive baseline: every expert block read
+
+  std::vector<TensorInfo> output_tensors() const;  // tensors with out_dtypes applied
+};
+
+std::string serialize_task(const MergeTask& task);
+MergeTask deserialize_task(const std::string& bytes);
+
+// Output dtype for a config dtype name ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32").
+DType parse_output_dtype(const std::string& name);
+// The config.json spelling ("bfloat16", "float16", "float32").
+std::string torch_dtype_name(DType dtype);
+
+}  // namespace mergepipe

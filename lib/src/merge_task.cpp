@@ -1,0 +1,84 @@
+#include "mergepipe/merge_task.hpp"
+
+#include <cereal/archives/portable_binary.hpp>
+#include <cereal/types/optional.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <sstream>
+
+#include "mergepipe/error.hpp"
+
+namespace mergepipe {
+
+template <class Archive>
+void serialize(Archive& ar, TensorInfo& t) {
+  ar(t.name, t.dtype, t.shape);
+}
+template <class Archive>
+void serialize(Archive& ar, FileIdentity& f) {
+  ar(f.path, f.size, f.mtime_ns, f.header_hash);
+}
+template <class Archive>
+void serialize(Archive& ar, CheckpointLocation& c) {
+  ar(c.dir, c.shard_names, c.files, c.tensor_file, c.tensor_offset);
+}
+template <class Archive>
+void serialize(Archive& ar, ExpertSpec& e) {
+  ar(e.path, e.weight, e.density);
+}
+template <class Archive>
+void serialize(Archive& ar, MergeSpec& s) {
+  ar(s.method, s.base_model, s.experts, s.normalize, s.lambda, s.out_dtype, s.seed, s.budget);
+}
+
+std::vector<TensorInfo> MergeTask::output_tensors() const {
+  std::vector<TensorInfo> out = tensors;
+  for (std::size_t t = 0; t < out.size(); ++t) out[t].dtype = out_dtypes[t];
+  return out;
+}
+
+std::string serialize_task(const MergeTask& task) {
+  std::ostringstream os;
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    MergeTask& t = const_cast<MergeTask&>(task);  // cereal's save path takes non-const refs here
+    std::string plan = serialize_plan(t.plan);
+    ar(t.spec, plan, t.tensors, t.block_bytes, t.base, t.experts, t.out_dtypes, t.format, t.max_shard_bytes,
+       t.full_read);
+  }
+  return os.str();
+}
+
+MergeTask deserialize_task(const std::string& bytes) {
+  MergeTask t;
+  std::istringstream is(bytes);
+  try {
+    cereal::PortableBinaryInputArchive ar(is);
+    std::string plan;
+    ar(t.spec, plan, t.tensors, t.block_bytes, t.base, t.experts, t.out_dtypes, t.format, t.max_shard_bytes,
+       t.full_read);
+    t.plan = deserialize_plan(plan);
+  } catch (const cereal::Exception& e) {
+    throw InputError(std::string("corrupt merge task: ") + e.what());
+  }
+  return t;
+}
+
+DType parse_output_dtype(const std::string& name) {
+  if (name == "bfloat16" || name == "bf16" || name == "BF16") return DType::kBF16;
+  if (name == "float16" || name == "fp16" || name == "half" || name == "F16") return DType::kF16;
+  if (name == "float32" || name == "fp32" || name == "float" || name == "F32") return DType::kF32;
+  throw UsageError("unsupported output dtype '" + name + "' (use bfloat16, float16 or float32)");
+}
+
+std::string torch_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return "bfloat16";
+    case DType::kF16: return "float16";
+    case DType::kF32: return "float32";
+    case DType::kF64: return "float64";
+    default: return std::string(dtype_name(dtype));
+  }
+}
+
+}  // namespace mergepipe

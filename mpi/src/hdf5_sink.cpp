@@ -1,0 +1,131 @@
+#include <hdf5.h>
+
+#include <vector>
+
+#include "mergepipe/error.hpp"
+#include "mergepipe/io/byte_counters.hpp"
+#include "mergepipe/io/hdf5_handle.hpp"
+#include "mergepipe/mpi/output_sinks.hpp"
+
+namespace mergepipe::mpi {
+
+namespace h5 = io::h5;
+
+namespace {
+
+// bf16 has no native HDF5 type: an IEEE float of 16 bits with fp32's 8-bit exponent (h5py reads
+// it with astype(float32)). fp16 is HDF5's IEEE half layout.
+h5::Handle make_file_type(DType dtype, const std::string& path) {
+  if (dtype == DType::kF32) return h5::checked(H5Tcopy(H5T_IEEE_F32LE), h5::Kind::kDatatype, "H5Tcopy", path);
+  if (dtype == DType::kF64) return h5::checked(H5Tcopy(H5T_IEEE_F64LE), h5::Kind::kDatatype, "H5Tcopy", path);
+  h5::Handle t = h5::checked(H5Tcopy(H5T_IEEE_F32LE), h5::Kind::kDatatype, "H5Tcopy", path);
+  if (dtype == DType::kBF16) {
+    h5::check_status(H5Tset_fields(t.get(), 15, 7, 8, 0, 7), "H5Tset_fields", path);
+    h5::check_status(H5Tset_offset(t.get(), 0), "H5Tset_offset", path);
+    h5::check_status(H5Tset_precision(t.get(), 16), "H5Tset_precision", path);
+    h5::check_status(H5Tset_size(t.get(), 2), "H5Tset_size", path);
+    h5::check_status(H5Tset_ebias(t.get(), 127), "H5Tset_ebias", path);
+  } else if (dtype == DType::kF16) {
+    h5::check_status(H5Tset_fields(t.get(), 15, 10, 5, 0, 10), "H5Tset_fields", path);
+    h5::check_status(H5Tset_offset(t.get(), 0), "H5Tset_offset", path);
+    h5::check_status(H5Tset_precision(t.get(), 16), "H5Tset_precision", path);
+    h5::check_status(H5Tset_size(t.get(), 2), "H5Tset_size", path);
+    h5::check_status(H5Tset_ebias(t.get(), 15), "H5Tset_ebias", path);
+  } else {
+    throw UsageError(path + ": the HDF5 output supports BF16, F16, F32 and F64 tensors, not " +
+                     std::string(dtype_name(dtype)));
+  }
+  return t;
+}
+
+}  // namespace
+
+struct Hdf5Sink::State {
+  std::string path;
+  std::vector<TensorInfo> tensors;
+  h5::Handle file;
+  std::vector<h5::Handle> types;
+  std::vector<h5::Handle> datasets;
+  h5::Handle transfer;
+};
+
+Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors, const std::string& path)
+    : state_(std::make_unique<State>()) {
+  h5::silence_hdf5_errors();
+  State& s = *state_;
+  s.path = path;
+  s.tensors = tensors;
+  h5::Handle fapl = h5::checked(H5Pcreate(H5P_FILE_ACCESS), h5::Kind::kPropertyList, "H5Pcreate", path);
+  h5::check_status(H5Pset_fapl_mpio(fapl.get(), comm.handle(), MPI_INFO_NULL), "H5Pset_fapl_mpio", path);
+  h5::check_status(H5Pset_all_coll_metadata_ops(fapl.get(), true), "H5Pset_all_coll_metadata_ops", path);
+  h5::check_status(H5Pset_coll_metadata_write(fapl.get(), true), "H5Pset_coll_metadata_write", path);
+  h5::check_status(H5Pset_alignment(fapl.get(), 1 << 20, 1 << 20), "H5Pset_alignment", path);
+  s.file = h5::checked(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), h5::Kind::kFile,
+                       "H5Fcreate", path);
+  h5::Handle dcpl = h5::checked(H5Pcreate(H5P_DATASET_CREATE), h5::Kind::kPropertyList, "H5Pcreate", path);
+  h5::check_status(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), "H5Pset_layout", path);
+  h5::check_status(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time", path);
+  h5::check_status(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time", path);
+  // Every rank creates every dataset with identical arguments (HDF5 metadata is collective).
+  for (const TensorInfo& t : tensors) {
+    const std::string context = path + ": dataset " + t.name;
+    s.types.push_back(make_file_type(t.dtype, context));
+    h5::Handle space;
+    if (t.shape.empty()) {
+      space = h5::checked(H5Screate(H5S_SCALAR), h5::Kind::kDataspace, "H5Screate", context);
+    } else {
+      std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+      space = h5::checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                          h5::Kind::kDataspace, "H5Screate_simple", context);
+    }
+    s.datasets.push_back(h5::checked(H5Dcreate2(s.file.get(), t.name.c_str(), s.types.back().get(), space.get(),
+                                                H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                                     h5::Kind::kDataset, "H5Dcreate2", context));
+  }
+  // Blocks differ per rank and per dataset, so data goes out as independent hyperslab writes
+  // (no type conversion: memory and file types are identical).
+  s.transfer = h5::checked(H5Pcreate(H5P_DATASET_XFER), h5::Kind::kPropertyList, "H5Pcreate", path);
+  h5::check_status(H5Pset_dxpl_mpio(s.transfer.get(), H5FD_MPIO_INDEPENDENT), "H5Pset_dxpl_mpio", path);
+}
+
+Hdf5Sink::~Hdf5Sink() = default;
+
+void Hdf5Sink::write(std::uint32_t tensor, std::uint64_t elem_begin, std::span<const std::byte> bytes) {
+  State& s = *state_;
+  const TensorInfo& t = s.tensors[tensor];
+  const std::string context = s.path + ": dataset " + t.name;
+  const std::uint64_t n = bytes.size() / dtype_size(t.dtype);
+  const hid_t dataset = s.datasets[tensor].get();
+  if (t.shape.empty()) {
+    h5::check_status(H5Dwrite(dataset, s.types[tensor].get(), H5S_ALL, H5S_ALL, s.transfer.get(), bytes.data()),
+                     "H5Dwrite", context);
+  } else {
+    // A block is whole rows: select rows [r0, r0 + rows) of the dataset.
+    std::uint64_t row = 1;
+    for (std::size_t d = 1; d < t.shape.size(); ++d) row *= t.shape[d];
+    std::vector<hsize_t> start(t.shape.size(), 0), count(t.shape.begin(), t.shape.end());
+    start[0] = elem_begin / row;
+    count[0] = n / row;
+    h5::Handle file_space = h5::checked(H5Dget_space(dataset), h5::Kind::kDataspace, "H5Dget_space", context);
+    h5::check_status(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+                     "H5Sselect_hyperslab", context);
+    const hsize_t mem_count = n;
+    h5::Handle mem_space = h5::checked(H5Screate_simple(1, &mem_count, nullptr), h5::Kind::kDataspace,
+                                       "H5Screate_simple", context);
+    h5::check_status(H5Dwrite(dataset, s.types[tensor].get(), mem_space.get(), file_space.get(), s.transfer.get(),
+                              bytes.data()),
+                     "H5Dwrite", context);
+  }
+  io::global_byte_counters().add(io::ByteCategory::kOutputWritten, bytes.size());
+}
+
+void Hdf5Sink::finish() {
+  State& s = *state_;
+  s.datasets.clear();
+  s.types.clear();
+  s.transfer.reset();
+  h5::check_status(H5Fflush(s.file.get(), H5F_SCOPE_GLOBAL), "H5Fflush", s.path);
+  if (!s.file.reset()) throw IoError("HDF5 H5Fclose failed for " + s.path);
+}
+
+}  // namespace mergepipe::mpi

@@ -1,0 +1,68 @@
+# Shared helpers for the end-to-end CLI tests (sourced, not run: its name does not end in .sh).
+set -euo pipefail
+: "${MERGEPIPE:?path of the mergepipe binary}"
+: "${TEST_SCRATCH:?scratch folder}"
+MPIEXEC="${MPIEXEC:-mpiexec}"
+PYTHON="${PYTHON:-/usr/bin/python3}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+rm -rf "$TEST_SCRATCH"
+mkdir -p "$TEST_SCRATCH"
+cd "$TEST_SCRATCH"
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+# run_np N args...: mergepipe on N MPI ranks.
+run_np() {
+  local np="$1"
+  shift
+  "$MPIEXEC" -np "$np" --oversubscribe "$MERGEPIPE" "$@"
+}
+
+# expect_exit CODE PATTERN cmd...: the command fails with CODE and its stderr matches PATTERN.
+expect_exit() {
+  local code="$1" pattern="$2"
+  shift 2
+  local rc=0
+  "$@" >"$TEST_SCRATCH/out.txt" 2>"$TEST_SCRATCH/err.txt" || rc=$?
+  [[ $rc -eq $code ]] || { cat "$TEST_SCRATCH/err.txt" >&2; fail "expected exit $code, got $rc: $*"; }
+  grep -Eq -- "$pattern" "$TEST_SCRATCH/err.txt" || { cat "$TEST_SCRATCH/err.txt" >&2; fail "stderr lacks /$pattern/: $*"; }
+}
+
+# write_config FILE METHOD FAMILY K [extra global parameters] [dtype]
+write_config() {
+  local file="$1" method="$2" family="$3" k="$4" params="${5:-}" dtype="${6:-}"
+  {
+    echo "merge_method: $method"
+    echo "base_model: $family/base"
+    echo "models:"
+    for ((i = 0; i < k; i++)); do
+      printf '  - model: %s/expert%02d\n' "$family" "$i"
+      printf '    parameters: {weight: %s, density: %s}\n' "$(awk "BEGIN{print 1 + 0.25 * $i}")" "$(awk "BEGIN{print 0.3 + 0.1 * $i}")"
+    done
+    [[ -n "$params" ]] && echo "parameters: {$params}"
+    [[ -n "$dtype" ]] && echo "dtype: $dtype"
+    echo "seed: 11"
+  } >"$file"
+}
+
+# same_model_files A B: every tensor file (and index/config) identical; manifests may differ.
+same_model_files() {
+  local a="$1" b="$2" f
+  for f in "$a"/*; do
+    local name
+    name="$(basename "$f")"
+    [[ "$name" == mergepipe.manifest.json ]] && continue
+    cmp -s "$f" "$b/$name" || fail "$name differs between $a and $b"
+  done
+  [[ $(ls "$a" | wc -l) -eq $(ls "$b" | wc -l) ]] || fail "$a and $b hold different files"
+}
+
+# json_get FILE KEY.PATH
+json_get() {
+  "$PYTHON" -c "import json,sys; d=json.load(open(sys.argv[1]))
+for k in sys.argv[2].split('.'): d=d[k]
+print(d)" "$1" "$2"
+}

@@ -1,0 +1,243 @@
+// Distributed merge at 1, 2 and 4 ranks: the output bytes and hashes equal a serial in-process
+// reference whatever the rank count, and a failure on one rank ends every rank with its message.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <algorithm>
+#include <filesystem>
+#include <random>
+
+#include "mergepipe/blocking.hpp"
+#include "mergepipe/error.hpp"
+#include "mergepipe/executor.hpp"
+#include "mergepipe/hash.hpp"
+#include "mergepipe/io/byte_counters.hpp"
+#include "mergepipe/io/checkpoint_location.hpp"
+#include "mergepipe/io/checkpoint_reader.hpp"
+#include "mergepipe/io/file.hpp"
+#include "mergepipe/io/hf_folder.hpp"
+#include "mergepipe/io/safetensors.hpp"
+#include "mergepipe/mpi/comm.hpp"
+#include "mergepipe/mpi/merge_run.hpp"
+#include "mergepipe/planner.hpp"
+
+using namespace mergepipe;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::vector<TensorInfo> kTensors = {{"model.embed_tokens.weight", DType::kBF16, {96, 32}},
+                                          {"model.layers.0.mlp.up_proj.weight", DType::kBF16, {64, 32}},
+                                          {"model.norm.weight", DType::kBF16, {32}},
+                                          {"lm_head.weight", DType::kBF16, {96, 32}}};
+
+std::vector<std::byte> bf16_values(const TensorInfo& t, std::mt19937& rng, const std::vector<std::byte>* base) {
+  std::normal_distribution<float> dist(0.0f, base ? 0.003f : 0.02f);
+  std::vector<std::byte> bytes(t.nbytes());
+  for (std::uint64_t i = 0; i < t.numel(); ++i) {
+    float v = dist(rng);
+    if (base) {
+      std::uint16_t b;
+      std::memcpy(&b, base->data() + 2 * i, 2);
+      v += bf16_to_f32(b);
+    }
+    const std::uint16_t h = f32_to_bf16(v);
+    std::memcpy(bytes.data() + 2 * i, &h, 2);
+  }
+  return bytes;
+}
+
+// Rank 0 writes base + 3 experts under a folder every rank agrees on.
+std::string make_family(const mpi::Comm& comm) {
+  std::string dir;
+  if (comm.is_root()) {
+    dir = (fs::temp_directory_path() / ("mergepipe-mpi-merge-" + std::to_string(::getpid()))).string();
+    fs::remove_all(dir);
+    std::mt19937 rng(17);
+    std::vector<std::vector<std::byte>> base;
+    for (const auto& t : kTensors) base.push_back(bf16_values(t, rng, nullptr));
+    for (int c = 0; c < 4; ++c) {
+      const std::string folder = dir + (c == 0 ? "/base" : "/expert" + std::to_string(c - 1));
+      fs::create_directories(folder);
+      std::vector<std::vector<std::byte>> data;
+      for (std::size_t t = 0; t < kTensors.size(); ++t) data.push_back(c == 0 ? base[t] : bf16_values(kTensors[t], rng, &base[t]));
+      std::vector<std::span<const std::byte>> spans(data.begin(), data.end());
+      io::write_safetensors(folder + "/model.safetensors", kTensors, spans);
+    }
+  }
+  comm.broadcast(dir, 0, "family dir");
+  return dir;
+}
+
+MergeTask make_task(const std::string& dir) {
+  MergeTask task;
+  task.spec.method = MergeMethod::kTies;
+  task.spec.base_model = dir + "/base";
+  for (int k = 0; k < 3; ++k) task.spec.experts.push_back({dir + "/expert" + std::to_string(k), 1.0 + k, 0.4});
+  const Checkpoint base = io::open_checkpoint(task.spec.base_model);
+  task.tensors = base.tensor_infos();
+  task.block_bytes = 512;
+  task.base = io::locate_tensors(base, task.tensors);
+  for (const auto& e : task.spec.experts) task.experts.push_back(io::locate_tensors(io::open_checkpoint(e.path), task.tensors));
+  const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
+  task.plan = make_full_read_plan(task.spec, task.tensors, blocking, "test");
+  // Omit a deterministic pattern of pairs, as a budget would.
+  for (std::size_t b = 0; b < blocking.blocks.size(); b += 3) task.plan.mask[1].words[b / 64] &= ~(std::uint64_t{1} << (b % 64));
+  task.plan.thresholds.assign(3 * task.tensors.size(), 0.002f);
+  task.plan.hash = compute_plan_hash(task.plan);
+  task.out_dtypes.assign(task.tensors.size(), DType::kBF16);
+  task.max_shard_bytes = 12000;  // several shards, so tensors land in different files
+  return task;
+}
+
+// Collects merged bytes per tensor in memory.
+class MemorySink : public OutputSink {
+ public:
+  explicit MemorySink(const std::vector<TensorInfo>& tensors) {
+    for (const auto& t : tensors) bytes.emplace_back(t.nbytes());
+  }
+  void write(std::uint32_t tensor, std::uint64_t elem_begin, std::span<const std::byte> data) override {
+    std::memcpy(bytes[tensor].data() + elem_begin * 2, data.data(), data.size());
+  }
+  std::vector<std::vector<std::byte>> bytes;
+};
+
+bool serial_reference_matches(const MergeTask& task, const std::string& out, const mpi::MergeRunResult& result) {
+  const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
+  ExecutionJob job;
+  job.blocking = &blocking;
+  job.tensors = &task.tensors;
+  job.out_dtypes = task.out_dtypes;
+  job.op = OperatorConfig::from_spec(task.spec);
+  for (const auto& t : task.tensors) job.name_keys.push_back(tensor_name_key(t.name));
+  job.thresholds = task.plan.thresholds;
+  job.experts = task.experts.size();
+  job.admitted = [&](std::size_t k, std::size_t b) { return task.plan.admitted(k, b); };
+  io::ByteCounters counters;
+  io::CheckpointBlockReader reader(task.base, task.experts, counters);
+  MemorySink sink(task.tensors);
+  const ExecutionStats stats = execute_blocks(job, 0, std::uint32_t(blocking.blocks.size()), reader, sink);
+  bool ok = true;
+  for (std::size_t t = 0; t < task.tensors.size(); ++t) {
+    const std::string expect = combine_block_hashes(
+        std::span(stats.block_hashes).subspan(blocking.first_block[t], blocking.block_count[t]));
+    ok &= expect == result.tensor_hashes[t];
+  }
+  // The bytes in the shard files are the reference bytes.
+  for (const auto& f : result.files) {
+    const auto header = io::read_safetensors_header(out + "/" + f);
+    io::File file(out + "/" + f, io::File::Mode::kRead);
+    for (const auto& st : header.tensors) {
+      std::size_t t = 0;
+      while (task.tensors[t].name != st.info.name) ++t;
+      std::vector<std::byte> got(st.length);
+      file.read_at(st.offset, got);
+      ok &= got == sink.bytes[t];
+    }
+  }
+  return ok;
+}
+
+std::string output_digest(const std::string& dir) {
+  Hasher128 h;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  for (const auto& n : names) {
+    const std::string bytes = io::read_text_file(dir + "/" + n);
+    h.update(n.data(), n.size());
+    h.update(bytes.data(), bytes.size());
+  }
+  return h.hex();
+}
+
+}  // namespace
+
+TEST(MPI, MergeOutputIsIndependentOfRankCount) {
+  mpi::Comm comm = mpi::Comm::world();
+  const std::string dir = make_family(comm);
+  const MergeTask task = make_task(dir);
+  const std::string out = dir + "/out-np" + std::to_string(comm.size());
+  if (comm.is_root()) fs::create_directories(out);
+  comm.barrier("mkdir");
+  mpi::MergeRunOptions options;
+  options.output_dir = out;
+  options.threads = 2;
+  const mpi::MergeRunResult result = mpi::run_merge(comm, task, options);
+
+  // A second run with other thread and prefetch settings gives the same files.
+  const std::string out2 = dir + "/out2-np" + std::to_string(comm.size());
+  if (comm.is_root()) fs::create_directories(out2);
+  comm.barrier("mkdir");
+  options.output_dir = out2;
+  options.threads = 1;
+  options.prefetch_depth = 5;
+  const mpi::MergeRunResult again = mpi::run_merge(comm, task, options);
+
+  int ok = 1;
+  std::string digest;
+  if (comm.is_root()) {
+    digest = output_digest(out);
+    ok &= digest == output_digest(out2);
+    ok &= result.tensor_hashes == again.tensor_hashes;
+    ok &= result.tensor_hashes.size() == task.tensors.size();
+    // Every output shard parses and holds the tensors with the right sizes.
+    std::uint64_t tensors_found = 0;
+    for (const auto& f : result.files) {
+      const auto header = io::read_safetensors_header(out + "/" + f);
+      tensors_found += header.tensors.size();
+    }
+    ok &= tensors_found == task.tensors.size();
+    // Bytes: every admitted expert block read exactly once over all ranks.
+    std::uint64_t expect_expert = 0;
+    const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
+    for (std::size_t k = 0; k < 3; ++k)
+      for (std::size_t b = 0; b < blocking.blocks.size(); ++b)
+        if (task.plan.admitted(k, b)) expect_expert += blocking.blocks[b].byte_length;
+    ok &= result.bytes.expert == expect_expert;
+    std::uint64_t base_bytes = 0;
+    for (const auto& t : task.tensors) base_bytes += t.nbytes();
+    ok &= result.bytes.base == base_bytes;
+  }
+  // The serial reference: the same blocks merged in this process, no MPI, no partition.
+  if (comm.is_root()) {
+    ok &= serial_reference_matches(task, out, result);
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  comm.broadcast(digest, 0, "digest");
+  EXPECT_EQ(1, ok) << "outputs differ between settings, from the serial reference, or from the expected byte counts";
+}
+
+TEST(MPI, FailureOnOneRankEndsAllRanksWithItsMessage) {
+  mpi::Comm comm = mpi::Comm::world();
+  const std::string dir = make_family(comm);
+  MergeTask task = make_task(dir);
+  comm.barrier("every rank has opened the inputs");
+  // Truncate the last expert's file: only the ranks whose blocks reach its end fail.
+  if (comm.is_root()) {
+    const std::string victim = dir + "/expert2/model.safetensors";
+    fs::resize_file(victim, fs::file_size(victim) - 100);
+    fs::create_directories(dir + "/out");
+  }
+  comm.barrier("truncate");
+  mpi::MergeRunOptions options;
+  options.output_dir = dir + "/out";
+  std::string message;
+  int code = 0;
+  try {
+    mpi::run_merge(comm, task, options);
+  } catch (const mpi::CollectiveError& e) {
+    message = e.what();
+    code = static_cast<int>(e.code());
+  }
+  const int local_ok = code == 3 && message.find("expert2") != std::string::npos;
+  int all_ok = 0;
+  MPI_Allreduce(&local_ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (comm.is_root()) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  EXPECT_EQ(all_ok, 1) << "rank " << comm.rank() << " got code " << code << ": " << message;
+}

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Independent numpy reference of MergePipe's operators (SPEC section 3) on whole folders.
+
+usage: merge_ref.py CONFIG.yaml MERGED_DIR [--dare-check]
+Reads the config (merge_method, base_model, models, parameters) with PyYAML, the base and expert
+safetensors with its own parser, computes the full-read merge in fp32 and compares it with the
+folder MergePipe wrote. Linear, task arithmetic and TIES are compared value by value (TIES with
+the documented threshold: lower edge of the 2^-8 magnitude bucket holding the k-th largest
+|delta|); DARE is checked statistically (kept fraction ~ density, kept values = delta/density).
+Exits non-zero with a message on any mismatch.
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import yaml
+
+
+def read_safetensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = meta["data_offsets"]
+        buf = raw[8 + n + b:8 + n + e]
+        dt = meta["dtype"]
+        if dt == "BF16":
+            arr = (np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F16":
+            arr = np.frombuffer(buf, dtype="<f2").astype(np.float32)
+        elif dt == "F32":
+            arr = np.frombuffer(buf, dtype="<f4").copy()
+        else:
+            raise SystemExit(f"{path}: unsupported dtype {dt}")
+        out[name] = (arr.reshape(meta["shape"]) if meta["shape"] else arr.reshape(()), dt)
+    return out
+
+
+def read_folder(folder):
+    index = os.path.join(folder, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+    tensors = {}
+    for f in files:
+        tensors.update(read_safetensors(os.path.join(folder, f)))
+    return tensors
+
+
+def sketch_threshold(delta, density):
+    """Lower edge of the 2^-8 bucket holding the k-th largest |delta| (k = floor(density n))."""
+    if density >= 1.0:
+        return np.float32(0.0)
+    flat = np.abs(delta.ravel()).astype(np.float32)
+    k = int(math.floor(density * flat.size))
+    if k == 0:
+        return np.float32(np.inf)
+    buckets = (flat.view(np.uint32) & np.uint32(0x7FFFFFFF)) >> np.uint32(15)
+    kth = np.sort(buckets)[::-1][k - 1]
+    return np.array([np.uint32(kth) << np.uint32(15)], dtype=np.uint32).view(np.float32)[0]
+
+
+def main():
+    config_path, merged_dir = sys.argv[1], sys.argv[2]
+    cfg = yaml.safe_load(open(config_path))
+    here = os.path.dirname(os.path.abspath(config_path))
+    resolve = lambda p: p if os.path.isabs(p) else os.path.join(here, p)
+    method = cfg["merge_method"]
+    params = cfg.get("parameters", {}) or {}
+    lam = np.float32(params.get("lambda", 1.0))
+    normalize = params.get("normalize", method in ("linear", "ties"))
+    models = [m if isinstance(m, dict) else {"model": m} for m in cfg["models"]]
+    weights = [float((m.get("parameters") or {}).get("weight", params.get("weight", 1.0))) for m in models]
+    densities = [float((m.get("parameters") or {}).get("density", params.get("density", 1.0))) for m in models]
+    base = read_folder(resolve(cfg["base_model"]))
+    experts = [read_folder(resolve(m["model"])) for m in models]
+    merged = read_folder(merged_dir)
+    wsum = sum(weights)
+    worst = 0.0
+    for name, (theta0, _) in base.items():
+        got, out_dtype = merged[name]
+        deltas = [e[name][0] - theta0 for e in experts]  # fp32 subtraction, as MergePipe
+        if method == "linear":
+            alpha = [np.float32(w / wsum) if normalize else np.float32(w) for w in weights]
+            acc = np.zeros_like(theta0)
+            for a, d in zip(alpha, deltas):
+                acc = acc + a * d
+            ref = np.float32(1.0 if normalize else wsum) * theta0 + acc
+        elif method == "task_arithmetic":
+            alpha = [np.float32(lam * w / wsum) if normalize else np.float32(lam * w) for w in weights]
+            acc = np.zeros_like(theta0)
+            for a, d in zip(alpha, deltas):
+                acc = acc + a * d
+            ref = theta0 + acc
+        elif method == "ties":
+            trimmed = [np.where(np.abs(d) >= sketch_threshold(d, dens), d, np.float32(0)) for d, dens in zip(deltas, densities)]
+            v = [np.float32(w) * t for w, t in zip(weights, trimmed)]
+            total = np.zeros_like(theta0)
+            for x in v:
+                total = total + x
+            sign = np.where(total >= 0, np.float32(1), np.float32(-1))
+            merged_sum = np.zeros_like(theta0)
+            divisor = np.zeros_like(theta0)
+            for w, x in zip(weights, v):
+                agree = (x != 0) & (np.sign(x) == sign)
+                merged_sum = merged_sum + np.where(agree, x, np.float32(0))
+                divisor = divisor + np.where(agree, np.float32(w), np.float32(0))
+            if normalize:
+                merged_sum = merged_sum / np.where(divisor == 0, np.float32(1), divisor)
+            ref = theta0 + lam * merged_sum
+        else:
+            ref = None
+        if ref is None:
+            continue
+        ref = ref.astype(np.float32)
+        if out_dtype == "BF16":
+            tol = np.abs(ref) * 2.0 ** -8 + 1e-30  # one bf16 rounding
+        else:
+            tol = np.abs(ref) * 2e-6 + 1e-9 * max(1.0, float(np.abs(theta0).max(initial=0)))
+        err = np.abs(got.astype(np.float32) - ref)
+        if np.any(err > tol):
+            i = int(np.argmax(err - tol))
+            raise SystemExit(f"{method}: tensor {name} differs at flat index {i}: got {got.ravel()[i]!r}, reference {ref.ravel()[i]!r}")
+        worst = max(worst, float((err / np.maximum(np.abs(ref), 1e-30)).max(initial=0)))
+    if method.startswith("dare"):
+        # One-expert DARE: out - base is 0 or lambda*w*delta/density.
+        assert len(experts) == 1, "the DARE check needs a single expert"
+        kept_total = changed = 0
+        for name, (theta0, _) in base.items():
+            got = merged[name][0].astype(np.float32)
+            d = experts[0][name][0] - theta0
+            nz = d != 0
+            if not nz.any():
+                continue
+            moved = (got - theta0)[nz]
+            expect = (lam * np.float32(weights[0]) * d[nz] / np.float32(densities[0])).astype(np.float32)
+            kept = np.abs(moved) > 0
+            kept_total += int(kept.sum())
+            changed += int(nz.sum())
+            rel = np.abs(moved[kept] - expect[kept]) / np.abs(expect[kept])
+            assert rel.size == 0 or rel.max() < 1e-5, (name, float(rel.max()))
+        frac = kept_total / changed
+        sigma = math.sqrt(densities[0] * (1 - densities[0]) / changed)
+        print(f"dare: kept fraction {frac:.4f} of {changed} non-zero deltas, density {densities[0]} (sigma {sigma:.4f})")
+        assert abs(frac - densities[0]) < 5 * sigma + 1e-3, (frac, densities[0])
+    print(f"{method}: matches the numpy reference (worst relative error {worst:.3g})")
+
+
+if __name__ == "__main__":
+    main()
