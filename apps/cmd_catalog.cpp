@@ -11,6 +11,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "mergepipe/catalog.hpp"
+#include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/catalog_store.hpp"
@@ -19,53 +20,6 @@
 namespace mergepipe::app {
 
 namespace {
-
-// "4194304", "4MiB", "512KiB", "8M" (binary units; KB/MB/GB are decimal).
-std::uint64_t parse_block_bytes(const std::string& text) {
-  std::size_t pos = 0;
-  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) ++pos;
-  std::string unit = text.substr(pos);
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  std::uint64_t scale = 0;
-  if (unit.empty() || unit == "b")
-    scale = 1;
-  else if (unit == "k" || unit == "kib")
-    scale = 1ull << 10;
-  else if (unit == "m" || unit == "mib")
-    scale = 1ull << 20;
-  else if (unit == "g" || unit == "gib")
-    scale = 1ull << 30;
-  else if (unit == "kb")
-    scale = 1000ull;
-  else if (unit == "mb")
-    scale = 1000ull * 1000;
-  else if (unit == "gb")
-    scale = 1000ull * 1000 * 1000;
-  std::uint64_t value = 0;
-  try {
-    if (pos == 0 || scale == 0) throw std::invalid_argument("bad");
-    value = std::stoull(text.substr(0, pos));
-  } catch (const std::exception&) {
-    throw UsageError("catalog: --block-bytes '" + text + "' is not a size (e.g. 4194304 or 4MiB)");
-  }
-  if (value == 0 || value > (1ull << 40) / scale) {
-    throw UsageError("catalog: --block-bytes '" + text + "' is out of range (1 B to 1 TiB)");
-  }
-  return value * scale;
-}
-
-std::string human(std::uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[48];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
-  return buf;
-}
 
 int run_check(CommandContext& ctx, const std::string& path) {
   std::string summary;
@@ -120,7 +74,7 @@ int cmd_catalog(CommandContext& ctx) {
   if (threads < 0) throw UsageError("catalog: --threads must be >= 0");
   // 0: not given (the default for a new catalog, the existing catalog's size otherwise).
   const std::uint64_t block_bytes =
-      block_bytes_text.empty() ? 0 : parse_block_bytes(block_bytes_text);
+      block_bytes_text.empty() ? 0 : parse_byte_size(block_bytes_text, "catalog: --block-bytes");
 
   const auto start = std::chrono::steady_clock::now();
   const io::ByteCounts before = io::global_byte_counters().snapshot();
@@ -185,17 +139,17 @@ int cmd_catalog(CommandContext& ctx) {
     const std::uint64_t family = cat.family_bytes();
     std::printf("catalog %s: %zu expert%s (%zu new), %zu tensors, %zu blocks of up to %s\n",
                 out.c_str(), cat.expert_count(), cat.expert_count() == 1 ? "" : "s", added,
-                cat.tensors.size(), cat.block_count(), human(cat.blocking.block_bytes).c_str());
+                cat.tensors.size(), cat.block_count(), format_bytes(cat.blocking.block_bytes).c_str());
     std::printf(
         "read: base %s, experts %s (%" PRIu64 " + %" PRIu64
         " bytes) in %.2f s (%.2f GiB/s) on %d rank%s\n",
-        human(base_read).c_str(), human(expert_read).c_str(), base_read, expert_read, seconds,
+        format_bytes(base_read).c_str(), format_bytes(expert_read).c_str(), base_read, expert_read, seconds,
         seconds > 0 ? static_cast<double>(base_read + expert_read) / seconds / (1u << 30) : 0.0,
         ctx.comm.size(), ctx.comm.size() == 1 ? "" : "s");
     std::printf(
-        "catalog size: %s = %.4f%% of the family's %s\n", human(catalog_bytes).c_str(),
+        "catalog size: %s = %.4f%% of the family's %s\n", format_bytes(catalog_bytes).c_str(),
         family ? 100.0 * static_cast<double>(catalog_bytes) / static_cast<double>(family) : 0.0,
-        human(family).c_str());
+        format_bytes(family).c_str());
   }
   return 0;
 }

@@ -1,5 +1,5 @@
-// `mergepipe inspect PATH`: describes a checkpoint folder or a single .safetensors file (catalog,
-// plan and manifest kinds join the dispatch in `classify` / `cmd_inspect` as they land).
+// `mergepipe inspect PATH`: describes a checkpoint folder, a single .safetensors file, a catalog
+// folder, a plan JSON (`mergepipe plan --out`) or a merge manifest.
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -12,9 +12,11 @@
 #include "commands.hpp"
 #include "mergepipe/checkpoint.hpp"
 #include "mergepipe/error.hpp"
+#include "mergepipe/io/catalog_store.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hf_folder.hpp"
 #include "mergepipe/io/safetensors.hpp"
+#include "mergepipe/manifest.hpp"
 
 namespace mergepipe::app {
 
@@ -22,12 +24,27 @@ namespace {
 
 namespace fs = std::filesystem;
 
-enum class PathKind { kCheckpointFolder, kSafetensorsFile, kUnknown };
+enum class PathKind { kCheckpointFolder, kSafetensorsFile, kCatalog, kPlan, kManifest, kUnknown };
+
+// A JSON file is a manifest (its format key) or a plan (its stable plan keys).
+PathKind classify_json(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(io::read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError("inspect: " + path + ": not valid JSON: " + e.what());
+  }
+  if (j.is_object() && j.value("format", "") == kManifestFormat) return PathKind::kManifest;
+  if (j.is_object() && j.contains("plan_hash") && j.contains("pairs_total")) return PathKind::kPlan;
+  return PathKind::kUnknown;
+}
 
 PathKind classify(const std::string& path) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) throw UsageError("inspect: " + path + ": no such file or folder");
+  if (fs::is_directory(st) && io::is_catalog_folder(path)) return PathKind::kCatalog;
+  if (fs::is_regular_file(st) && fs::path(path).extension() == ".json") return classify_json(path);
   if (fs::is_directory(st)) {
     const fs::path dir(path);
     if (fs::exists(dir / "model.safetensors", ec) ||
@@ -40,6 +57,60 @@ PathKind classify(const std::string& path) {
     return PathKind::kSafetensorsFile;
   }
   return PathKind::kUnknown;
+}
+
+std::string line(const char* label, const std::string& value) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "  %-22s %s\n", label, value.c_str());
+  return buf;
+}
+
+std::string percent(double part, double whole) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
+  return buf;
+}
+
+std::string describe_plan_json(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(io::read_text_file(path));
+  const double planned = j.at("planned_expert_bytes").get<double>(), full = j.at("full_expert_bytes").get<double>();
+  std::string out = "plan " + path + "\n";
+  out += line("method", j.value("method", "?"));
+  out += line("plan hash", j.at("plan_hash").get<std::string>());
+  out += line("budget bytes", std::to_string(j.at("budget_bytes").get<std::uint64_t>()));
+  out += line("planned expert bytes",
+              std::to_string(j.at("planned_expert_bytes").get<std::uint64_t>()) + " (" + percent(planned, full) + " of the full read)");
+  out += line("pairs admitted", std::to_string(j.at("pairs_admitted").get<std::uint64_t>()) + " of " +
+                                    std::to_string(j.at("pairs_total").get<std::uint64_t>()));
+  char bound[64];
+  std::snprintf(bound, sizeof bound, "%.6g%s", j.at("error_bound").get<double>(),
+                j.value("bound_is_guarantee", true) ? "" : " (estimate)");
+  out += line("error bound", bound);
+  return out;
+}
+
+std::string describe_manifest(const std::string& path) {
+  const nlohmann::json m = nlohmann::json::parse(io::read_text_file(path));
+  const auto& bytes = m.at("bytes_read");
+  std::string out = "manifest " + path + "\n";
+  out += line("tool version", m.at("tool_version").get<std::string>());
+  out += line("method", m.at("method").get<std::string>());
+  out += line("plan hash", m.at("plan_hash").get<std::string>());
+  out += line("budget", m.at("budget").get<std::string>() + " = " + std::to_string(m.at("budget_bytes").get<std::uint64_t>()) + " bytes");
+  out += line("experts", std::to_string(m.at("inputs").at("experts").size()));
+  out += line("expert bytes read", std::to_string(bytes.at("expert").get<std::uint64_t>()) + " (" +
+                                       percent(bytes.at("expert").get<double>(), m.at("full_expert_bytes").get<double>()) +
+                                       " of the full read)");
+  out += line("base bytes read", std::to_string(bytes.at("base").get<std::uint64_t>()));
+  out += line("output bytes written", std::to_string(bytes.at("output_written").get<std::uint64_t>()));
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", m.at("error_bound").get<double>());
+  out += line("error bound", buf);
+  std::snprintf(buf, sizeof buf, "%.3f s", m.at("timings").at("total").get<double>());
+  out += line("wall time", buf);
+  out += line("ranks x threads", std::to_string(m.at("ranks").get<int>()) + " x " + std::to_string(m.at("threads").get<int>()));
+  out += line("lineage parents", std::to_string(m.at("lineage").at("parents").size()));
+  return out;
 }
 
 // What is shown for a checkpoint folder or a single file.
@@ -237,7 +308,7 @@ std::string render_text(const Described& d) {
 
 int cmd_inspect(CommandContext& ctx) {
   po::options_description options("inspect options");
-  options.add_options()("path", po::value<std::string>(), "checkpoint folder or .safetensors file")(
+  options.add_options()("path", po::value<std::string>(), "checkpoint folder, .safetensors file, catalog folder, plan JSON or manifest")(
       "json", po::bool_switch(), "print a machine-readable JSON description");
   po::positional_options_description positional;
   positional.add("path", 1);
@@ -262,6 +333,15 @@ int cmd_inspect(CommandContext& ctx) {
         case PathKind::kSafetensorsFile:
           d = describe_file(path);
           break;
+        case PathKind::kCatalog:
+          report = io::describe_catalog(io::load_catalog(path));
+          return;
+        case PathKind::kPlan:
+          report = as_json ? io::read_text_file(path) : describe_plan_json(path);
+          return;
+        case PathKind::kManifest:
+          report = as_json ? io::read_text_file(path) : describe_manifest(path);
+          return;
         case PathKind::kUnknown:
           throw UsageError("inspect: " + path + ": not a checkpoint, catalog, plan or manifest");
       }

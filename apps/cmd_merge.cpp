@@ -29,11 +29,6 @@ struct MergeOptions {
   PipelineOptions pipeline;
 };
 
-std::uint64_t parse_size(const std::string& text, const char* what) {
-  const Budget b = Budget::parse(text);
-  if (b.kind != Budget::Kind::kBytes) throw UsageError(std::string(what) + " must be a size, not a percentage");
-  return b.bytes;
-}
 
 // Output dtype per tensor: the config's dtype, else the base's.
 std::vector<DType> output_dtypes(const MergeSpec& spec, const std::vector<TensorInfo>& tensors) {
@@ -69,16 +64,13 @@ MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOp
   const Catalog catalog = io::load_catalog(o.catalog);
   pipeline.catalog_bytes = io::catalog_size_bytes(o.catalog);
   io::check_catalog_fresh(catalog);
-  PlanRequest request;
-  const std::string budget_text = !o.budget.empty() ? o.budget : spec.budget.value_or("100%");
-  request.budget = Budget::parse(budget_text);
-  request.max_error = o.max_error;
+  const PlanRequest request = plan_request_for(spec, o.budget, o.max_error);
   const auto t0 = std::chrono::steady_clock::now();
   MergeTask task;
   task.plan = make_plan(catalog, spec, request);
   pipeline.plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   task.spec = spec;
-  task.spec.budget = budget_text;
+  task.spec.budget = request.budget.to_string();
   task.tensors = catalog.tensors;
   task.block_bytes = catalog.blocking.block_bytes;
   task.base = catalog.base;
@@ -132,11 +124,11 @@ int cmd_merge(CommandContext& ctx) {
     if (vm->count("seed")) spec.seed = seed;
     if (!o.dtype.empty()) spec.out_dtype = parse_output_dtype(o.dtype);
     spec.validate();
-    if (!block_bytes_text.empty()) o.block_bytes = parse_size(block_bytes_text, "--block-bytes");
+    if (!block_bytes_text.empty()) o.block_bytes = parse_byte_size(block_bytes_text, "merge: --block-bytes");
     task = o.full_read ? full_read_task(spec, o.block_bytes) : budgeted_task(spec, o, o.pipeline);
     task.out_dtypes = output_dtypes(task.spec, task.tensors);
     task.format = o.format == "hdf5" ? OutputFormat::kHdf5 : OutputFormat::kSafetensors;
-    task.max_shard_bytes = parse_size(o.max_shard, "--max-shard-size");
+    task.max_shard_bytes = parse_byte_size(o.max_shard, "merge: --max-shard-size");
   });
   ctx.comm.check(failure, "prepare merge");
 
@@ -146,12 +138,12 @@ int cmd_merge(CommandContext& ctx) {
     const auto& b = outcome.run.bytes;
     std::printf("merged %zu experts (%s) into %s on %d rank(s) x %d thread(s)\n", task.experts.size(),
                 plan.method.c_str(), o.out.c_str(), ctx.comm.size(), o.pipeline.threads);
-    std::printf("  expert bytes read  %s of %s (%.1f%%), budget %s\n", human_bytes(double(b.expert)).c_str(),
-                human_bytes(double(plan.full_expert_bytes)).c_str(),
+    std::printf("  expert bytes read  %s of %s (%.1f%%), budget %s\n", format_bytes(b.expert).c_str(),
+                format_bytes(plan.full_expert_bytes).c_str(),
                 plan.full_expert_bytes ? 100.0 * double(b.expert) / double(plan.full_expert_bytes) : 0.0,
-                human_bytes(double(plan.budget_bytes)).c_str());
-    std::printf("  base read %s, output written %s\n", human_bytes(double(b.base)).c_str(),
-                human_bytes(double(b.output_written)).c_str());
+                format_bytes(plan.budget_bytes).c_str());
+    std::printf("  base read %s, output written %s\n", format_bytes(b.base).c_str(),
+                format_bytes(b.output_written).c_str());
     std::printf("  pairs admitted     %llu of %llu (%llu all-zero skipped)\n",
                 static_cast<unsigned long long>(plan.pairs_admitted), static_cast<unsigned long long>(plan.pairs_total),
                 static_cast<unsigned long long>(plan.pairs_zero));

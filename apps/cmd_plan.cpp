@@ -117,10 +117,7 @@ int cmd_plan(CommandContext& ctx) {
     const MergeSpec spec = io::load_merge_config(o.config);
     const Catalog catalog = io::load_catalog(o.catalog);
     io::check_catalog_fresh(catalog);
-    PlanRequest request;
-    const std::string budget_text = !o.budget.empty() ? o.budget : spec.budget.value_or("100%");
-    request.budget = Budget::parse(budget_text);
-    request.max_error = o.max_error;
+    const PlanRequest request = plan_request_for(spec, o.budget, o.max_error);
     const auto t0 = std::chrono::steady_clock::now();
     Plan plan = make_plan(catalog, spec, request);
     plan.planning_seconds =
@@ -130,7 +127,7 @@ int cmd_plan(CommandContext& ctx) {
     if (o.json) {
       std::cout << json.dump(2) << "\n";
     } else {
-      print_summary(plan, catalog, budget_text, io::global_byte_counters().snapshot());
+      print_summary(plan, catalog, request.budget.to_string(), io::global_byte_counters().snapshot());
       if (!o.out.empty()) std::printf("  written            %s\n", o.out.c_str());
     }
     std::fflush(stdout);

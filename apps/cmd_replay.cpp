@@ -6,6 +6,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "merge_pipeline.hpp"
+#include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/checkpoint_location.hpp"
@@ -82,7 +83,7 @@ int cmd_replay(CommandContext& ctx) {
   if (ctx.comm.is_root() && !pipeline.quiet) {
     std::printf("replayed plan %s into %s: %zu tensors byte-identical to the manifest, %s expert bytes read, %.2f s\n",
                 task.plan.hash.c_str(), pipeline.out.c_str(), task.tensors.size(),
-                human_bytes(double(outcome.run.bytes.expert)).c_str(), outcome.total_seconds);
+                format_bytes(outcome.run.bytes.expert).c_str(), outcome.total_seconds);
   }
   return 0;
 }

@@ -62,17 +62,6 @@ void write_folder_metadata(const MergeTask& task, const std::string& dir) {
 
 }  // namespace
 
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
-  int u = 0;
-  while (bytes >= 1000 && u < 4) {
-    bytes /= 1000;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", bytes, units[u]);
-  return buf;
-}
 
 std::vector<std::pair<std::string, std::string>> parse_hints(const std::vector<std::string>& hints) {
   std::vector<std::pair<std::string, std::string>> out;

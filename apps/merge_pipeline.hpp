@@ -39,7 +39,4 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task, const 
 // Parses repeated --mpiio-hint key=value flags (UsageError on a malformed one).
 std::vector<std::pair<std::string, std::string>> parse_hints(const std::vector<std::string>& hints);
 
-// "1.23 GB" style.
-std::string human_bytes(double bytes);
-
 }  // namespace mergepipe::app

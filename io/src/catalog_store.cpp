@@ -15,6 +15,7 @@
 #include <span>
 #include <sstream>
 
+#include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/file.hpp"
@@ -582,22 +583,6 @@ void publish_folder(const fs::path& fresh, const fs::path& target) {
   fs::remove_all(aside, ec);
 }
 
-std::string human_bytes(std::uint64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[64];
-  if (u == 0) {
-    std::snprintf(buf, sizeof buf, "%" PRIu64 " B", bytes);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
-  }
-  return buf;
-}
 
 }  // namespace
 
@@ -850,12 +835,12 @@ std::string describe_catalog(const Catalog& c) {
   for (const TensorInfo& t : c.tensors) per_ckpt += t.nbytes();
   out << "catalog (" << c.format << "), family " << c.family_id << "\n";
   out << "base: " << c.base.dir << " (" << c.base.files.size() << " file"
-      << (c.base.files.size() == 1 ? "" : "s") << ", " << human_bytes(base_bytes) << ")\n";
-  out << "tensors: " << c.tensors.size() << " (" << human_bytes(per_ckpt) << " per checkpoint)\n";
-  out << "blocks: " << c.block_count() << " (target " << human_bytes(c.blocking.block_bytes)
+      << (c.base.files.size() == 1 ? "" : "s") << ", " << format_bytes(base_bytes) << ")\n";
+  out << "tensors: " << c.tensors.size() << " (" << format_bytes(per_ckpt) << " per checkpoint)\n";
+  out << "blocks: " << c.block_count() << " (target " << format_bytes(c.blocking.block_bytes)
       << " per block)\n";
   out << "experts: " << c.expert_count() << " (full expert read "
-      << human_bytes(c.full_expert_bytes()) << ")\n";
+      << format_bytes(c.full_expert_bytes()) << ")\n";
   for (std::size_t k = 0; k < c.experts.size(); ++k) {
     const ExpertCatalog& e = c.experts[k];
     double sumsq = 0;

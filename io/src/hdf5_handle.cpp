@@ -1,5 +1,7 @@
 #include "mergepipe/io/hdf5_handle.hpp"
 
+#include "mergepipe/error.hpp"
+
 #include <mutex>
 
 #include "mergepipe/error.hpp"
@@ -48,6 +50,26 @@ hid_t check_id(hid_t id, const char* call, const std::string& context) {
 
 void check_status(herr_t status, const char* call, const std::string& context) {
   if (status < 0) throw IoError("HDF5 " + std::string(call) + " failed for " + context);
+}
+
+}  // namespace mergepipe::io::h5
+
+namespace mergepipe::io::h5 {
+
+Handle select_rows(hid_t dataset, const std::vector<std::uint64_t>& shape, std::uint64_t elem_begin,
+                   std::uint64_t n, const std::string& context) {
+  std::uint64_t row = 1;
+  for (std::size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+  if (shape.empty() || row == 0 || elem_begin % row != 0 || n % row != 0) {
+    throw InputError(context + ": element range is not whole rows");
+  }
+  std::vector<hsize_t> start(shape.size(), 0), count(shape.begin(), shape.end());
+  start[0] = elem_begin / row;
+  count[0] = n / row;
+  Handle space = checked(H5Dget_space(dataset), Kind::kDataspace, "H5Dget_space", context);
+  check_status(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+               "H5Sselect_hyperslab", context);
+  return space;
 }
 
 }  // namespace mergepipe::io::h5

@@ -71,17 +71,8 @@ class Hdf5Model : public ModelReader {
       h5::check_status(H5Dread(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst.data()), "H5Dread", context);
       return;
     }
-    // Read as a flat element range: select it row by row is not needed when it is whole rows;
-    // verify asks for whole-row ranges (blocks), so select rows.
-    std::uint64_t row = 1;
-    for (std::size_t d = 1; d < t.shape.size(); ++d) row *= t.shape[d];
-    if (row == 0 || elem_begin % row || n % row) throw InputError(context + ": read not aligned to rows");
-    std::vector<hsize_t> start(t.shape.size(), 0), count(t.shape.begin(), t.shape.end());
-    start[0] = elem_begin / row;
-    count[0] = n / row;
-    h5::Handle fs = h5::checked(H5Dget_space(ds), h5::Kind::kDataspace, "H5Dget_space", context);
-    h5::check_status(H5Sselect_hyperslab(fs.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
-                     "H5Sselect_hyperslab", context);
+    // Callers (verify) ask for whole-row ranges: blocks, or chunks of rows.
+    h5::Handle fs = h5::select_rows(ds, t.shape, elem_begin, n, context);
     const hsize_t mem = n;
     h5::Handle ms = h5::checked(H5Screate_simple(1, &mem, nullptr), h5::Kind::kDataspace, "H5Screate_simple", context);
     h5::check_status(H5Dread(ds, type, ms.get(), fs.get(), H5P_DEFAULT, dst.data()), "H5Dread", context);

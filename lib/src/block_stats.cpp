@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "mergepipe/float_bits.hpp"
 #include "mergepipe/hash.hpp"
 
 namespace mergepipe {
@@ -38,16 +39,6 @@ namespace {
 constexpr std::uint32_t kAbsMask = 0x7fffffffu;
 constexpr std::uint32_t kInfBits = 0x7f800000u;
 
-inline std::uint32_t bits_of(float f) {
-  std::uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-inline float float_of(std::uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
 
 struct Sums {
   double sumsq = 0.0;

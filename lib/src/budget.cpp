@@ -150,6 +150,18 @@ std::string Budget::to_string() const {
   return out + "%";
 }
 
+std::uint64_t parse_byte_size(const std::string& text, const std::string& what) {
+  Budget b;
+  try {
+    b = Budget::parse(text);
+  } catch (const UsageError&) {
+    throw UsageError(what + " '" + text + "' is not a size (e.g. 4194304, 4MiB or 5GB)");
+  }
+  if (b.kind != Budget::Kind::kBytes) throw UsageError(what + " '" + text + "' must be a size, not a percentage");
+  if (b.bytes == 0) throw UsageError(what + " must be positive");
+  return b.bytes;
+}
+
 std::string format_bytes(std::uint64_t bytes) {
   static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double v = static_cast<double>(bytes);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "mergepipe/error.hpp"
+#include "mergepipe/float_bits.hpp"
 
 namespace mergepipe {
 
@@ -22,16 +23,6 @@ constexpr DTypeEntry kDTypes[] = {
     {DType::kU16, "U16", 2},   {DType::kU32, "U32", 4},        {DType::kU64, "U64", 8},
 };
 
-inline std::uint32_t bits_of(float f) {
-  std::uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-inline float float_of(std::uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
 }  // namespace
 
 std::optional<DType> parse_dtype(std::string_view name) {

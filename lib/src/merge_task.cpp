@@ -37,6 +37,19 @@ std::vector<TensorInfo> MergeTask::output_tensors() const {
   return out;
 }
 
+ExecutionJob make_execution_job(const MergeTask& task, const Blocking& blocking) {
+  ExecutionJob job;
+  job.blocking = &blocking;
+  job.tensors = &task.tensors;
+  job.out_dtypes = task.out_dtypes;
+  job.op = OperatorConfig::from_spec(task.spec);
+  for (const auto& t : task.tensors) job.name_keys.push_back(tensor_name_key(t.name));
+  if (uses_magnitude_trim(task.spec.method)) job.thresholds = task.plan.thresholds;
+  job.experts = task.experts.size();
+  job.admitted = [&task](std::size_t k, std::size_t b) { return task.plan.admitted(k, b); };
+  return job;
+}
+
 std::string serialize_task(const MergeTask& task) {
   std::ostringstream os;
   {

@@ -112,6 +112,14 @@ PairGains compute_pair_gains(const Catalog& catalog, const MergeSpec& spec,
   return g;
 }
 
+PlanRequest plan_request_for(const MergeSpec& spec, const std::string& budget_flag,
+                             std::optional<double> max_error) {
+  PlanRequest request;
+  request.budget = Budget::parse(!budget_flag.empty() ? budget_flag : spec.budget.value_or("100%"));
+  request.max_error = max_error;
+  return request;
+}
+
 Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest& request) {
   spec.validate();
   const bool additive = is_additive(spec.method);

@@ -11,6 +11,7 @@
 #include "mergepipe/block_stats.hpp"
 #include "mergepipe/dtype.hpp"
 #include "mergepipe/error.hpp"
+#include "mergepipe/io/checkpoint_location.hpp"
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hf_folder.hpp"
@@ -24,28 +25,6 @@ namespace {
 
 // Pieces of fewer elements are computed on the calling thread.
 constexpr std::uint64_t kParallelMinElems = 1u << 16;
-
-// Where each catalog tensor lies in an opened checkpoint (which must match the base's structure).
-CheckpointLocation locate(const Checkpoint& ckpt, const std::vector<TensorInfo>& tensors) {
-  CheckpointLocation loc;
-  loc.dir = ckpt.dir;
-  loc.shard_names = ckpt.shard_names;
-  loc.files = ckpt.files;
-  std::map<std::string, std::uint32_t> file_index;
-  for (std::size_t i = 0; i < ckpt.files.size(); ++i)
-    file_index.emplace(ckpt.files[i].path, static_cast<std::uint32_t>(i));
-  for (const TensorInfo& t : tensors) {
-    const StoredTensor& st = ckpt.tensors.at(*ckpt.find(t.name));
-    const auto it = file_index.find(st.file);
-    if (it == file_index.end()) {
-      throw InputError(ckpt.dir + ": tensor '" + t.name + "' lies in " + st.file +
-                       ", which is not one of the folder's shards");
-    }
-    loc.tensor_file.push_back(it->second);
-    loc.tensor_offset.push_back(st.offset);
-  }
-  return loc;
-}
 
 // The file holding a tensor, for messages (the folder when the checkpoint lacks the tensor).
 std::string tensor_file_name(const Checkpoint& ckpt, std::optional<std::size_t> index) {
@@ -419,7 +398,7 @@ Catalog prepare(const CatalogBuildOptions& opt, std::size_t& first_new) {
     cat.tensors = tensors;
     cat.blocking = make_blocking(tensors, opt.block_bytes);
   }
-  cat.base = locate(base, tensors);
+  cat.base = io::locate_tensors(base, tensors);
   first_new = cat.experts.size();
 
   std::set<std::string> seen;
@@ -431,7 +410,7 @@ Catalog prepare(const CatalogBuildOptions& opt, std::size_t& first_new) {
     }
     const Checkpoint ckpt = open_expert(dir, tensors);
     ExpertCatalog e;
-    e.location = locate(ckpt, tensors);
+    e.location = io::locate_tensors(ckpt, tensors);
     cat.experts.push_back(std::move(e));
   }
   return cat;

@@ -100,15 +100,8 @@ void Hdf5Sink::write(std::uint32_t tensor, std::uint64_t elem_begin, std::span<c
     h5::check_status(H5Dwrite(dataset, s.types[tensor].get(), H5S_ALL, H5S_ALL, s.transfer.get(), bytes.data()),
                      "H5Dwrite", context);
   } else {
-    // A block is whole rows: select rows [r0, r0 + rows) of the dataset.
-    std::uint64_t row = 1;
-    for (std::size_t d = 1; d < t.shape.size(); ++d) row *= t.shape[d];
-    std::vector<hsize_t> start(t.shape.size(), 0), count(t.shape.begin(), t.shape.end());
-    start[0] = elem_begin / row;
-    count[0] = n / row;
-    h5::Handle file_space = h5::checked(H5Dget_space(dataset), h5::Kind::kDataspace, "H5Dget_space", context);
-    h5::check_status(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
-                     "H5Sselect_hyperslab", context);
+    // A block is whole rows of the dataset.
+    h5::Handle file_space = h5::select_rows(dataset, t.shape, elem_begin, n, context);
     const hsize_t mem_count = n;
     h5::Handle mem_space = h5::checked(H5Screate_simple(1, &mem_count, nullptr), h5::Kind::kDataspace,
                                        "H5Screate_simple", context);

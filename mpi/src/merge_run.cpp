@@ -54,15 +54,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   const std::vector<BlockRange> ranges = partition_by_cost(block_costs(task, blocking), comm.size());
   const BlockRange mine = ranges[static_cast<std::size_t>(comm.rank())];
 
-  ExecutionJob job;
-  job.blocking = &blocking;
-  job.tensors = &task.tensors;
-  job.out_dtypes = task.out_dtypes;
-  job.op = OperatorConfig::from_spec(task.spec);
-  for (const auto& t : task.tensors) job.name_keys.push_back(tensor_name_key(t.name));
-  if (uses_magnitude_trim(task.spec.method)) job.thresholds = task.plan.thresholds;
-  job.experts = task.experts.size();
-  job.admitted = [&task](std::size_t k, std::size_t b) { return task.plan.admitted(k, b); };
+  ExecutionJob job = make_execution_job(task, blocking);
   job.threads = options.threads;
   job.prefetch_depth = options.prefetch_depth;
   job.allow_nonfinite = options.allow_nonfinite;

@@ -105,15 +105,7 @@ class MemorySink : public OutputSink {
 
 bool serial_reference_matches(const MergeTask& task, const std::string& out, const mpi::MergeRunResult& result) {
   const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
-  ExecutionJob job;
-  job.blocking = &blocking;
-  job.tensors = &task.tensors;
-  job.out_dtypes = task.out_dtypes;
-  job.op = OperatorConfig::from_spec(task.spec);
-  for (const auto& t : task.tensors) job.name_keys.push_back(tensor_name_key(t.name));
-  job.thresholds = task.plan.thresholds;
-  job.experts = task.experts.size();
-  job.admitted = [&](std::size_t k, std::size_t b) { return task.plan.admitted(k, b); };
+  const ExecutionJob job = make_execution_job(task, blocking);
   io::ByteCounters counters;
   io::CheckpointBlockReader reader(task.base, task.experts, counters);
   MemorySink sink(task.tensors);

@@ -30,4 +30,8 @@ struct Budget {
 // Human form of a byte count: "1.50 GiB (1610612736 bytes)" style, for summaries.
 std::string format_bytes(std::uint64_t bytes);
 
+// A byte size for options such as --block-bytes or --max-shard-size: the absolute budget forms
+// ("4MiB", "5GB", "4096"); UsageError naming `what` for anything else, percentages included.
+std::uint64_t parse_byte_size(const std::string& text, const std::string& what);
+
 }  // namespace mergepipe

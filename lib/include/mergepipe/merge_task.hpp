@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mergepipe/catalog.hpp"
+#include "mergepipe/executor.hpp"
 #include "mergepipe/merge_spec.hpp"
 #include "mergepipe/plan.hpp"
 
@@ -27,6 +28,9 @@ struct MergeTask {
 
   std::vector<TensorInfo> output_tensors() const;  // tensors with out_dtypes applied
 };
+
+// The executor's view of a task over its blocking (which must outlive the job, as must the task).
+ExecutionJob make_execution_job(const MergeTask& task, const Blocking& blocking);
 
 std::string serialize_task(const MergeTask& task);
 MergeTask deserialize_task(const std::string& bytes);

@@ -19,6 +19,11 @@ struct PlanRequest {
       max_error;  // additive methods only: stop at the first prefix whose bound <= E
 };
 
+// The request a command line makes: the --budget flag when given, else the config's `budget`,
+// else 100%; UsageError for a budget that does not parse.
+PlanRequest plan_request_for(const MergeSpec& spec, const std::string& budget_flag,
+                             std::optional<double> max_error);
+
 // Plan experts are spec.experts in config order, each matched to a catalog expert by folder.
 // Throws UsageError for an expert or base the catalog does not hold, a bad max_error, or a
 // budget and max_error no plan can satisfy together; InputError for an inconsistent catalog.

@@ -3,7 +3,9 @@
 // IoError naming the call and the file. HDF5 1.10 is not thread-safe: use from one thread.
 #include <hdf5.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 #include <utility>
 
 namespace mergepipe::io::h5 {
@@ -51,5 +53,11 @@ void check_status(herr_t status, const char* call, const std::string& context);
 inline Handle checked(hid_t id, Kind kind, const char* call, const std::string& context) {
   return Handle(check_id(id, call, context), kind);
 }
+
+// The file dataspace of `dataset` (shape `shape`, at least 1-D) with the whole rows holding
+// elements [elem_begin, elem_begin + n) selected (a row = product of shape[1:]). InputError when
+// the range is not whole rows.
+Handle select_rows(hid_t dataset, const std::vector<std::uint64_t>& shape, std::uint64_t elem_begin,
+                   std::uint64_t n, const std::string& context);
 
 }  // namespace mergepipe::io::h5
