@@ -6,17 +6,21 @@ namespace mergepipe::io {
 
 CheckpointBlockReader::CheckpointBlockReader(const CheckpointLocation& base,
                                              const std::vector<CheckpointLocation>& experts,
-                                             ByteCounters& counters)
-    : base_(open(base)), counters_(counters) {
+                                             ByteCounters& counters, ExpertAccess access)
+    : base_(open(base, true)), counters_(counters) {
   experts_.reserve(experts.size());
-  for (const auto& e : experts) experts_.push_back(open(e));
+  for (const auto& e : experts) experts_.push_back(open(e, access == ExpertAccess::kWholeFiles));
 }
 
-CheckpointBlockReader::Opened CheckpointBlockReader::open(const CheckpointLocation& location) {
+CheckpointBlockReader::Opened CheckpointBlockReader::open(const CheckpointLocation& location, bool sequential) {
   Opened opened{&location, {}};
   for (const auto& name : location.shard_names) {
     opened.files.emplace_back(location.dir + "/" + name, File::Mode::kRead);
-    opened.files.back().advise_random();
+    if (sequential) {
+      opened.files.back().advise_sequential();
+    } else {
+      opened.files.back().advise_random();
+    }
   }
   return opened;
 }

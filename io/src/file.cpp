@@ -104,6 +104,8 @@ void File::truncate(std::uint64_t size) const {
 
 void File::advise_random() const { (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM); }
 
+void File::advise_sequential() const { (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL); }
+
 void File::drop_cache(std::uint64_t offset, std::uint64_t length) const {
   (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_DONTNEED);
 }

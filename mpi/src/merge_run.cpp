@@ -59,6 +59,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   job.prefetch_depth = options.prefetch_depth;
   job.allow_nonfinite = options.allow_nonfinite;
 
+  const auto expert_access = task.full_read ? io::CheckpointBlockReader::ExpertAccess::kWholeFiles
+                                            : io::CheckpointBlockReader::ExpertAccess::kExactRanges;
   io::global_byte_counters().reset();
   MergeRunResult result;
   ExecutionStats stats;
@@ -69,7 +71,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     result.files = layout.shard_names;
     SafetensorsSink sink(comm, layout, options.output_dir, hints);
     auto failure = capture_failure([&] {
-      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters());
+      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(), expert_access);
       stats = execute_blocks(job, mine.begin, mine.end, reader, sink);
     });
     comm.check(failure, "merge");
@@ -78,7 +80,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     result.files = {kHdf5OutputName};
     Hdf5Sink sink(comm, out_tensors, options.output_dir + "/" + kHdf5OutputName);
     auto failure = capture_failure([&] {
-      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters());
+      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(), expert_access);
       stats = execute_blocks(job, mine.begin, mine.end, reader, sink);
     });
     comm.check(failure, "merge");

@@ -22,7 +22,8 @@ std::vector<float> compute_thresholds_from_data(const Comm& comm, const MergeTas
   // Packed (tensor, expert, threshold) triples computed here.
   std::string packed;
   auto failure = capture_failure([&] {
-    io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters());
+    io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(),
+                                     io::CheckpointBlockReader::ExpertAccess::kWholeFiles);
     std::vector<std::byte> base_raw, expert_raw;
     std::vector<float> base, delta;
     for (std::uint32_t t = mine.begin; t < mine.end; ++t) {

@@ -29,6 +29,7 @@ class File {
   void truncate(std::uint64_t size) const;
   // posix_fadvise hints: don't prefetch beyond what we ask; drop pages after use.
   void advise_random() const;
+  void advise_sequential() const;
   void drop_cache(std::uint64_t offset = 0, std::uint64_t length = 0) const;
 
   int fd() const noexcept { return fd_; }
