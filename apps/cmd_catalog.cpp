@@ -10,8 +10,8 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
-#include "mergepipe/catalog.hpp"
 #include "mergepipe/budget.hpp"
+#include "mergepipe/catalog.hpp"
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/catalog_store.hpp"
@@ -139,11 +139,13 @@ int cmd_catalog(CommandContext& ctx) {
     const std::uint64_t family = cat.family_bytes();
     std::printf("catalog %s: %zu expert%s (%zu new), %zu tensors, %zu blocks of up to %s\n",
                 out.c_str(), cat.expert_count(), cat.expert_count() == 1 ? "" : "s", added,
-                cat.tensors.size(), cat.block_count(), format_bytes(cat.blocking.block_bytes).c_str());
+                cat.tensors.size(), cat.block_count(),
+                format_bytes(cat.blocking.block_bytes).c_str());
     std::printf(
         "read: base %s, experts %s (%" PRIu64 " + %" PRIu64
         " bytes) in %.2f s (%.2f GiB/s) on %d rank%s\n",
-        format_bytes(base_read).c_str(), format_bytes(expert_read).c_str(), base_read, expert_read, seconds,
+        format_bytes(base_read).c_str(), format_bytes(expert_read).c_str(), base_read, expert_read,
+        seconds,
         seconds > 0 ? static_cast<double>(base_read + expert_read) / seconds / (1u << 30) : 0.0,
         ctx.comm.size(), ctx.comm.size() == 1 ? "" : "s");
     std::printf(

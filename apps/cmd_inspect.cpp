@@ -73,15 +73,18 @@ std::string percent(double part, double whole) {
 
 std::string describe_plan_json(const std::string& path) {
   const nlohmann::json j = nlohmann::json::parse(io::read_text_file(path));
-  const double planned = j.at("planned_expert_bytes").get<double>(), full = j.at("full_expert_bytes").get<double>();
+  const double planned = j.at("planned_expert_bytes").get<double>(),
+               full = j.at("full_expert_bytes").get<double>();
   std::string out = "plan " + path + "\n";
   out += line("method", j.value("method", "?"));
   out += line("plan hash", j.at("plan_hash").get<std::string>());
   out += line("budget bytes", std::to_string(j.at("budget_bytes").get<std::uint64_t>()));
   out += line("planned expert bytes",
-              std::to_string(j.at("planned_expert_bytes").get<std::uint64_t>()) + " (" + percent(planned, full) + " of the full read)");
-  out += line("pairs admitted", std::to_string(j.at("pairs_admitted").get<std::uint64_t>()) + " of " +
-                                    std::to_string(j.at("pairs_total").get<std::uint64_t>()));
+              std::to_string(j.at("planned_expert_bytes").get<std::uint64_t>()) + " (" +
+                  percent(planned, full) + " of the full read)");
+  out +=
+      line("pairs admitted", std::to_string(j.at("pairs_admitted").get<std::uint64_t>()) + " of " +
+                                 std::to_string(j.at("pairs_total").get<std::uint64_t>()));
   char bound[64];
   std::snprintf(bound, sizeof bound, "%.6g%s", j.at("error_bound").get<double>(),
                 j.value("bound_is_guarantee", true) ? "" : " (estimate)");
@@ -96,19 +99,23 @@ std::string describe_manifest(const std::string& path) {
   out += line("tool version", m.at("tool_version").get<std::string>());
   out += line("method", m.at("method").get<std::string>());
   out += line("plan hash", m.at("plan_hash").get<std::string>());
-  out += line("budget", m.at("budget").get<std::string>() + " = " + std::to_string(m.at("budget_bytes").get<std::uint64_t>()) + " bytes");
+  out += line("budget", m.at("budget").get<std::string>() + " = " +
+                            std::to_string(m.at("budget_bytes").get<std::uint64_t>()) + " bytes");
   out += line("experts", std::to_string(m.at("inputs").at("experts").size()));
   out += line("expert bytes read", std::to_string(bytes.at("expert").get<std::uint64_t>()) + " (" +
-                                       percent(bytes.at("expert").get<double>(), m.at("full_expert_bytes").get<double>()) +
+                                       percent(bytes.at("expert").get<double>(),
+                                               m.at("full_expert_bytes").get<double>()) +
                                        " of the full read)");
   out += line("base bytes read", std::to_string(bytes.at("base").get<std::uint64_t>()));
-  out += line("output bytes written", std::to_string(bytes.at("output_written").get<std::uint64_t>()));
+  out +=
+      line("output bytes written", std::to_string(bytes.at("output_written").get<std::uint64_t>()));
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.6g", m.at("error_bound").get<double>());
   out += line("error bound", buf);
   std::snprintf(buf, sizeof buf, "%.3f s", m.at("timings").at("total").get<double>());
   out += line("wall time", buf);
-  out += line("ranks x threads", std::to_string(m.at("ranks").get<int>()) + " x " + std::to_string(m.at("threads").get<int>()));
+  out += line("ranks x threads", std::to_string(m.at("ranks").get<int>()) + " x " +
+                                     std::to_string(m.at("threads").get<int>()));
   out += line("lineage parents", std::to_string(m.at("lineage").at("parents").size()));
   return out;
 }
@@ -308,7 +315,9 @@ std::string render_text(const Described& d) {
 
 int cmd_inspect(CommandContext& ctx) {
   po::options_description options("inspect options");
-  options.add_options()("path", po::value<std::string>(), "checkpoint folder, .safetensors file, catalog folder, plan JSON or manifest")(
+  options.add_options()(
+      "path", po::value<std::string>(),
+      "checkpoint folder, .safetensors file, catalog folder, plan JSON or manifest")(
       "json", po::bool_switch(), "print a machine-readable JSON description");
   po::positional_options_description positional;
   positional.add("path", 1);

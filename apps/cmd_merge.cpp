@@ -29,7 +29,6 @@ struct MergeOptions {
   PipelineOptions pipeline;
 };
 
-
 // Output dtype per tensor: the config's dtype, else the base's.
 std::vector<DType> output_dtypes(const MergeSpec& spec, const std::vector<TensorInfo>& tensors) {
   std::vector<DType> out;
@@ -55,12 +54,14 @@ MergeTask full_read_task(const MergeSpec& spec, std::uint64_t block_bytes) {
   }
   const Blocking blocking = make_blocking(task.tensors, block_bytes);
   // Every pair admitted; TIES thresholds come from the data in a pre-pass (merge_pipeline).
-  task.plan = make_full_read_plan(spec, task.tensors, blocking, compute_family_id(task.tensors, base.files));
+  task.plan = make_full_read_plan(spec, task.tensors, blocking,
+                                  compute_family_id(task.tensors, base.files));
   return task;
 }
 
 MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOptions& pipeline) {
-  if (o.catalog.empty()) throw UsageError("merge: --catalog is required (or --full-read for the naive baseline)");
+  if (o.catalog.empty())
+    throw UsageError("merge: --catalog is required (or --full-read for the naive baseline)");
   const Catalog catalog = io::load_catalog(o.catalog);
   pipeline.catalog_bytes = io::catalog_size_bytes(o.catalog);
   io::check_catalog_fresh(catalog);
@@ -68,13 +69,15 @@ MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOp
   const auto t0 = std::chrono::steady_clock::now();
   MergeTask task;
   task.plan = make_plan(catalog, spec, request);
-  pipeline.plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  pipeline.plan_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   task.spec = spec;
   task.spec.budget = request.budget.to_string();
   task.tensors = catalog.tensors;
   task.block_bytes = catalog.blocking.block_bytes;
   task.base = catalog.base;
-  for (std::uint32_t idx : task.plan.catalog_expert) task.experts.push_back(catalog.experts.at(idx).location);
+  for (std::uint32_t idx : task.plan.catalog_expert)
+    task.experts.push_back(catalog.experts.at(idx).location);
   return task;
 }
 
@@ -89,30 +92,41 @@ int cmd_merge(CommandContext& ctx) {
   po::options_description desc("merge options");
   desc.add_options()("config", po::value(&o.config)->required(), "merge description (YAML)")(
       "catalog", po::value(&o.catalog), "catalog folder of the family (from `mergepipe catalog`)")(
-      "budget", po::value(&o.budget), "expert read budget: 25%, 12GiB, 900MB or bytes (default: config, else 100%)")(
-      "max-error", po::value(&max_error), "read the fewest blocks whose omitted-update bound is <= E")(
+      "budget", po::value(&o.budget),
+      "expert read budget: 25%, 12GiB, 900MB or bytes (default: config, else 100%)")(
+      "max-error", po::value(&max_error),
+      "read the fewest blocks whose omitted-update bound is <= E")(
       "out", po::value(&o.out)->required(), "output folder (published atomically)")(
       "format", po::value(&o.format), "safetensors (default) or hdf5")(
-      "dtype", po::value(&o.dtype), "output dtype: bfloat16, float16, float32 (default: config, else base)")(
+      "dtype", po::value(&o.dtype),
+      "output dtype: bfloat16, float16, float32 (default: config, else base)")(
       "seed", po::value(&seed), "seed of the DARE masks (default: config, else 0)")(
-      "full-read", po::bool_switch(&o.full_read), "naive baseline: no catalog, read every expert block")(
+      "full-read", po::bool_switch(&o.full_read),
+      "naive baseline: no catalog, read every expert block")(
       "block-bytes", po::value(&block_bytes_text), "block size for --full-read (default 4MiB)")(
       "max-shard-size", po::value(&o.max_shard), "largest output shard (default 5GB)")(
-      "threads", po::value(&o.pipeline.threads)->default_value(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
-      "compute threads per rank")(
-      "prefetch", po::value(&o.pipeline.prefetch_depth)->default_value(2), "blocks read ahead per rank")(
+      "threads",
+      po::value(&o.pipeline.threads)
+          ->default_value(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
+      "compute threads per rank")("prefetch",
+                                  po::value(&o.pipeline.prefetch_depth)->default_value(2),
+                                  "blocks read ahead per rank")(
       "force", po::bool_switch(&o.pipeline.force), "replace an existing output folder")(
-      "allow-nonfinite", po::bool_switch(&o.pipeline.allow_nonfinite), "write NaN/Inf results instead of failing")(
-      "mpiio-hint", po::value(&hints)->composing(), "MPI-IO hint key=value for the output files (repeatable)")(
+      "allow-nonfinite", po::bool_switch(&o.pipeline.allow_nonfinite),
+      "write NaN/Inf results instead of failing")(
+      "mpiio-hint", po::value(&hints)->composing(),
+      "MPI-IO hint key=value for the output files (repeatable)")(
       "quiet", po::bool_switch(&o.pipeline.quiet), "print nothing on success");
   po::positional_options_description pos;
   pos.add("config", 1);
-  const auto vm = parse_command_line("merge", "CONFIG --catalog CAT --budget B --out DIR", desc, pos, ctx.args,
-                                     ctx.comm.is_root());
+  const auto vm = parse_command_line("merge", "CONFIG --catalog CAT --budget B --out DIR", desc,
+                                     pos, ctx.args, ctx.comm.is_root());
   if (!vm) return 0;
   if (vm->count("max-error")) o.max_error = max_error;
-  if (o.format != "safetensors" && o.format != "hdf5") throw UsageError("merge: --format must be safetensors or hdf5");
-  if (o.pipeline.threads < 1 || o.pipeline.prefetch_depth < 1) throw UsageError("merge: --threads and --prefetch must be >= 1");
+  if (o.format != "safetensors" && o.format != "hdf5")
+    throw UsageError("merge: --format must be safetensors or hdf5");
+  if (o.pipeline.threads < 1 || o.pipeline.prefetch_depth < 1)
+    throw UsageError("merge: --threads and --prefetch must be >= 1");
   o.pipeline.out = o.out;
   o.pipeline.mpiio_hints = parse_hints(hints);
   o.pipeline.catalog_path = o.full_read ? "" : o.catalog;
@@ -124,7 +138,8 @@ int cmd_merge(CommandContext& ctx) {
     if (vm->count("seed")) spec.seed = seed;
     if (!o.dtype.empty()) spec.out_dtype = parse_output_dtype(o.dtype);
     spec.validate();
-    if (!block_bytes_text.empty()) o.block_bytes = parse_byte_size(block_bytes_text, "merge: --block-bytes");
+    if (!block_bytes_text.empty())
+      o.block_bytes = parse_byte_size(block_bytes_text, "merge: --block-bytes");
     task = o.full_read ? full_read_task(spec, o.block_bytes) : budgeted_task(spec, o, o.pipeline);
     task.out_dtypes = output_dtypes(task.spec, task.tensors);
     task.format = o.format == "hdf5" ? OutputFormat::kHdf5 : OutputFormat::kSafetensors;
@@ -136,16 +151,19 @@ int cmd_merge(CommandContext& ctx) {
   if (ctx.comm.is_root() && !o.pipeline.quiet) {
     const Plan& plan = task.plan;
     const auto& b = outcome.run.bytes;
-    std::printf("merged %zu experts (%s) into %s on %d rank(s) x %d thread(s)\n", task.experts.size(),
-                plan.method.c_str(), o.out.c_str(), ctx.comm.size(), o.pipeline.threads);
-    std::printf("  expert bytes read  %s of %s (%.1f%%), budget %s\n", format_bytes(b.expert).c_str(),
-                format_bytes(plan.full_expert_bytes).c_str(),
-                plan.full_expert_bytes ? 100.0 * double(b.expert) / double(plan.full_expert_bytes) : 0.0,
-                format_bytes(plan.budget_bytes).c_str());
+    std::printf("merged %zu experts (%s) into %s on %d rank(s) x %d thread(s)\n",
+                task.experts.size(), plan.method.c_str(), o.out.c_str(), ctx.comm.size(),
+                o.pipeline.threads);
+    std::printf(
+        "  expert bytes read  %s of %s (%.1f%%), budget %s\n", format_bytes(b.expert).c_str(),
+        format_bytes(plan.full_expert_bytes).c_str(),
+        plan.full_expert_bytes ? 100.0 * double(b.expert) / double(plan.full_expert_bytes) : 0.0,
+        format_bytes(plan.budget_bytes).c_str());
     std::printf("  base read %s, output written %s\n", format_bytes(b.base).c_str(),
                 format_bytes(b.output_written).c_str());
     std::printf("  pairs admitted     %llu of %llu (%llu all-zero skipped)\n",
-                static_cast<unsigned long long>(plan.pairs_admitted), static_cast<unsigned long long>(plan.pairs_total),
+                static_cast<unsigned long long>(plan.pairs_admitted),
+                static_cast<unsigned long long>(plan.pairs_total),
                 static_cast<unsigned long long>(plan.pairs_zero));
     std::printf("  error bound        %.6g\n", plan.error_bound);
     std::printf("  wall time          %.2f s (plan %.3f s, merge %.2f s)\n", outcome.total_seconds,

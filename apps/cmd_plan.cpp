@@ -127,7 +127,8 @@ int cmd_plan(CommandContext& ctx) {
     if (o.json) {
       std::cout << json.dump(2) << "\n";
     } else {
-      print_summary(plan, catalog, request.budget.to_string(), io::global_byte_counters().snapshot());
+      print_summary(plan, catalog, request.budget.to_string(),
+                    io::global_byte_counters().snapshot());
       if (!o.out.empty()) std::printf("  written            %s\n", o.out.c_str());
     }
     std::fflush(stdout);

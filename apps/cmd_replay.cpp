@@ -8,8 +8,8 @@
 #include "merge_pipeline.hpp"
 #include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
-#include "mergepipe/io/file.hpp"
 #include "mergepipe/io/checkpoint_location.hpp"
+#include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hf_folder.hpp"
 #include "mergepipe/manifest.hpp"
 #include "mergepipe/planner.hpp"
@@ -20,17 +20,20 @@ namespace {
 
 // The recorded inputs must still be the same files (size and header hash; mtime may change
 // when a family is copied).
-CheckpointLocation reopen_checked(const CheckpointLocation& recorded, const std::vector<TensorInfo>& tensors,
+CheckpointLocation reopen_checked(const CheckpointLocation& recorded,
+                                  const std::vector<TensorInfo>& tensors,
                                   const std::string& manifest) {
   const Checkpoint now = io::open_checkpoint(recorded.dir);
   if (now.shard_names != recorded.shard_names) {
-    throw InputError(manifest + ": input " + recorded.dir + " has different shard files than when it was merged");
+    throw InputError(manifest + ": input " + recorded.dir +
+                     " has different shard files than when it was merged");
   }
   for (std::size_t i = 0; i < now.files.size(); ++i) {
     const FileIdentity& was = recorded.files[i];
     const FileIdentity& is = now.files[i];
     if (was.size != is.size || was.header_hash != is.header_hash) {
-      throw InputError(manifest + ": input " + is.path + " changed since the recorded merge (size or header differ)");
+      throw InputError(manifest + ": input " + is.path +
+                       " changed since the recorded merge (size or header differ)");
     }
   }
   return io::locate_tensors(now, tensors);
@@ -43,24 +46,31 @@ int cmd_replay(CommandContext& ctx) {
   PipelineOptions pipeline;
   std::vector<std::string> hints;
   po::options_description desc("replay options");
-  desc.add_options()("manifest", po::value(&manifest_path)->required(), "mergepipe.manifest.json of a merge")(
+  desc.add_options()("manifest", po::value(&manifest_path)->required(),
+                     "mergepipe.manifest.json of a merge")(
       "out", po::value(&pipeline.out)->required(), "output folder (published atomically)")(
-      "threads", po::value(&pipeline.threads)->default_value(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
-      "compute threads per rank")("prefetch", po::value(&pipeline.prefetch_depth)->default_value(2), "blocks read ahead")(
-      "force", po::bool_switch(&pipeline.force), "replace an existing output folder")(
-      "allow-nonfinite", po::bool_switch(&pipeline.allow_nonfinite), "write NaN/Inf results instead of failing")(
-      "mpiio-hint", po::value(&hints)->composing(), "MPI-IO hint key=value (repeatable)")(
+      "threads",
+      po::value(&pipeline.threads)
+          ->default_value(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
+      "compute threads per rank")("prefetch", po::value(&pipeline.prefetch_depth)->default_value(2),
+                                  "blocks read ahead")("force", po::bool_switch(&pipeline.force),
+                                                       "replace an existing output folder")(
+      "allow-nonfinite", po::bool_switch(&pipeline.allow_nonfinite),
+      "write NaN/Inf results instead of failing")("mpiio-hint", po::value(&hints)->composing(),
+                                                  "MPI-IO hint key=value (repeatable)")(
       "quiet", po::bool_switch(&pipeline.quiet), "print nothing on success");
   po::positional_options_description pos;
   pos.add("manifest", 1);
-  const auto vm = parse_command_line("replay", "MANIFEST --out DIR", desc, pos, ctx.args, ctx.comm.is_root());
+  const auto vm =
+      parse_command_line("replay", "MANIFEST --out DIR", desc, pos, ctx.args, ctx.comm.is_root());
   if (!vm) return 0;
   pipeline.mpiio_hints = parse_hints(hints);
 
   MergeTask task;
   auto failure = mpi::capture_failure([&] {
     if (!ctx.comm.is_root()) return;
-    const ManifestReplayInfo info = parse_manifest(io::read_text_file(manifest_path), manifest_path);
+    const ManifestReplayInfo info =
+        parse_manifest(io::read_text_file(manifest_path), manifest_path);
     task.spec = info.spec;
     task.plan = plan_from_json(info.plan_json);
     if (task.plan.hash != info.plan_hash || compute_plan_hash(task.plan) != info.plan_hash) {
@@ -73,7 +83,8 @@ int cmd_replay(CommandContext& ctx) {
     task.format = info.format;
     task.full_read = info.full_read;
     task.base = reopen_checked(info.base, task.tensors, manifest_path);
-    for (const auto& e : info.experts) task.experts.push_back(reopen_checked(e, task.tensors, manifest_path));
+    for (const auto& e : info.experts)
+      task.experts.push_back(reopen_checked(e, task.tensors, manifest_path));
     pipeline.expected_hashes = info.tensor_hashes;
     pipeline.replay_of = info.plan_hash;
   });
@@ -81,9 +92,11 @@ int cmd_replay(CommandContext& ctx) {
 
   const PipelineOutcome outcome = execute_and_publish(ctx, task, pipeline);
   if (ctx.comm.is_root() && !pipeline.quiet) {
-    std::printf("replayed plan %s into %s: %zu tensors byte-identical to the manifest, %s expert bytes read, %.2f s\n",
-                task.plan.hash.c_str(), pipeline.out.c_str(), task.tensors.size(),
-                format_bytes(outcome.run.bytes.expert).c_str(), outcome.total_seconds);
+    std::printf(
+        "replayed plan %s into %s: %zu tensors byte-identical to the manifest, %s expert bytes "
+        "read, %.2f s\n",
+        task.plan.hash.c_str(), pipeline.out.c_str(), task.tensors.size(),
+        format_bytes(outcome.run.bytes.expert).c_str(), outcome.total_seconds);
   }
   return 0;
 }

@@ -44,11 +44,12 @@ int compare_models(const std::string& dir, const std::string& against, bool json
   for (std::size_t i = 0; i < a->tensors().size(); ++i) {
     const TensorInfo& ta = a->tensors()[i];
     const long j = b->find(ta.name);
-    if (j < 0) throw InputError(against + ": tensor '" + ta.name + "' is missing (present in " + dir + ")");
+    if (j < 0)
+      throw InputError(against + ": tensor '" + ta.name + "' is missing (present in " + dir + ")");
     const TensorInfo& tb = b->tensors()[static_cast<std::size_t>(j)];
     if (ta.shape != tb.shape) {
-      throw InputError("tensor '" + ta.name + "': shape " + format_shape(ta.shape) + " in " + dir + " but " +
-                       format_shape(tb.shape) + " in " + against);
+      throw InputError("tensor '" + ta.name + "': shape " + format_shape(ta.shape) + " in " + dir +
+                       " but " + format_shape(tb.shape) + " in " + against);
     }
     TensorDiff d{ta.name};
     const std::uint64_t n = ta.numel(), step = rows_step(ta);
@@ -78,7 +79,9 @@ int compare_models(const std::string& dir, const std::string& against, bool json
   }
   if (b->tensors().size() != a->tensors().size()) {
     for (const auto& tb : b->tensors())
-      if (a->find(tb.name) < 0) throw InputError(dir + ": tensor '" + tb.name + "' is missing (present in " + against + ")");
+      if (a->find(tb.name) < 0)
+        throw InputError(dir + ": tensor '" + tb.name + "' is missing (present in " + against +
+                         ")");
   }
   TensorDiff total{"(all)"};
   for (const auto& d : diffs) {
@@ -94,19 +97,22 @@ int compare_models(const std::string& dir, const std::string& against, bool json
     out["abs_l2"] = std::sqrt(total.diff_sq);
     out["nonfinite"] = total.nonfinite;
     nlohmann::ordered_json per = nlohmann::ordered_json::object();
-    for (const auto& d : diffs) per[d.name] = {{"relative_l2", d.rel_l2()}, {"max_abs", d.max_abs}, {"abs_l2", std::sqrt(d.diff_sq)}};
+    for (const auto& d : diffs)
+      per[d.name] = {
+          {"relative_l2", d.rel_l2()}, {"max_abs", d.max_abs}, {"abs_l2", std::sqrt(d.diff_sq)}};
     out["tensors"] = per;
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::printf("%-60s %14s %14s\n", "tensor", "relative L2", "max |a-b|");
-    for (const auto& d : diffs) std::printf("%-60s %14.6e %14.6e\n", d.name.c_str(), d.rel_l2(), d.max_abs);
+    for (const auto& d : diffs)
+      std::printf("%-60s %14.6e %14.6e\n", d.name.c_str(), d.rel_l2(), d.max_abs);
     std::printf("%-60s %14.6e %14.6e\n", "overall", total.rel_l2(), total.max_abs);
-    std::printf("absolute L2 of the difference: %.6e; non-finite entries: %llu\n", std::sqrt(total.diff_sq),
-                static_cast<unsigned long long>(total.nonfinite));
+    std::printf("absolute L2 of the difference: %.6e; non-finite entries: %llu\n",
+                std::sqrt(total.diff_sq), static_cast<unsigned long long>(total.nonfinite));
   }
   if (max_rel >= 0 && total.rel_l2() > max_rel) {
-    throw InputError("relative L2 difference " + std::to_string(total.rel_l2()) + " exceeds --max-rel-l2 " +
-                     std::to_string(max_rel));
+    throw InputError("relative L2 difference " + std::to_string(total.rel_l2()) +
+                     " exceeds --max-rel-l2 " + std::to_string(max_rel));
   }
   return 0;
 }
@@ -121,7 +127,8 @@ int check_hashes(const std::string& dir, bool json) {
   for (std::size_t t = 0; t < info.tensors.size(); ++t) {
     const std::string& name = info.tensors[t].name;
     const long idx = model->find(name);
-    if (idx < 0) throw InputError(dir + ": tensor '" + name + "' listed in the manifest is missing");
+    if (idx < 0)
+      throw InputError(dir + ": tensor '" + name + "' listed in the manifest is missing");
     const DType out = model->tensors()[static_cast<std::size_t>(idx)].dtype;
     std::vector<std::uint64_t> hashes;
     for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i) {
@@ -132,16 +139,20 @@ int check_hashes(const std::string& dir, bool json) {
     }
     const auto it = info.tensor_hashes.find(name);
     if (it == info.tensor_hashes.end() || it->second != combine_block_hashes(hashes)) {
-      std::fprintf(stderr, "mismatch: tensor '%s' does not match its manifest hash\n", name.c_str());
+      std::fprintf(stderr, "mismatch: tensor '%s' does not match its manifest hash\n",
+                   name.c_str());
       ++bad;
     }
   }
-  if (bad) throw InputError(dir + ": " + std::to_string(bad) + " tensor(s) do not match the manifest's output hashes");
+  if (bad)
+    throw InputError(dir + ": " + std::to_string(bad) +
+                     " tensor(s) do not match the manifest's output hashes");
   if (json) {
-    std::printf("{\"verified_tensors\": %zu, \"plan_hash\": \"%s\"}\n", info.tensors.size(), info.plan_hash.c_str());
-  } else {
-    std::printf("%s: all %zu tensors match the manifest's output hashes (plan %s)\n", dir.c_str(), info.tensors.size(),
+    std::printf("{\"verified_tensors\": %zu, \"plan_hash\": \"%s\"}\n", info.tensors.size(),
                 info.plan_hash.c_str());
+  } else {
+    std::printf("%s: all %zu tensors match the manifest's output hashes (plan %s)\n", dir.c_str(),
+                info.tensors.size(), info.plan_hash.c_str());
   }
   return 0;
 }
@@ -159,7 +170,8 @@ int cmd_verify(CommandContext& ctx) {
       "json", po::bool_switch(&json), "machine-readable output");
   po::positional_options_description pos;
   pos.add("dir", 1);
-  const auto vm = parse_command_line("verify", "DIR [--against DIR2]", desc, pos, ctx.args, ctx.comm.is_root());
+  const auto vm =
+      parse_command_line("verify", "DIR [--against DIR2]", desc, pos, ctx.args, ctx.comm.is_root());
   if (!vm) return 0;
   if (!ctx.comm.is_root()) return 0;  // serial: a check, not a job
   return against.empty() ? check_hashes(dir, json) : compare_models(dir, against, json, max_rel);

@@ -23,7 +23,8 @@ struct Command {
 const std::map<std::string, Command>& commands() {
   static const std::map<std::string, Command> table = {
       {"synth", {mergepipe::app::cmd_synth, "generate a synthetic checkpoint family"}},
-      {"inspect", {mergepipe::app::cmd_inspect, "describe a checkpoint, catalog, plan or manifest"}},
+      {"inspect",
+       {mergepipe::app::cmd_inspect, "describe a checkpoint, catalog, plan or manifest"}},
       {"catalog", {mergepipe::app::cmd_catalog, "build or extend a family's block catalog"}},
       {"plan", {mergepipe::app::cmd_plan, "choose the expert blocks to read under a budget"}},
       {"merge", {mergepipe::app::cmd_merge, "run a budgeted merge"}},
@@ -34,8 +35,10 @@ const std::map<std::string, Command>& commands() {
 }
 
 void print_usage(std::FILE* out) {
-  std::fprintf(out, "usage: mergepipe <command> [options]   (mergepipe <command> --help)\n\ncommands:\n");
-  for (const auto& [name, cmd] : commands()) std::fprintf(out, "  %-9s %s\n", name.c_str(), cmd.summary);
+  std::fprintf(
+      out, "usage: mergepipe <command> [options]   (mergepipe <command> --help)\n\ncommands:\n");
+  for (const auto& [name, cmd] : commands())
+    std::fprintf(out, "  %-9s %s\n", name.c_str(), cmd.summary);
 }
 
 }  // namespace

@@ -47,33 +47,39 @@ void write_folder_metadata(const MergeTask& task, const std::string& dir) {
   std::error_code ec;
   if (fs::exists(base_config, ec)) {
     std::string text = io::read_text_file(base_config);
-    if (task.spec.out_dtype) text = io::rewrite_config_dtype(text, torch_dtype_name(*task.spec.out_dtype));
+    if (task.spec.out_dtype)
+      text = io::rewrite_config_dtype(text, torch_dtype_name(*task.spec.out_dtype));
     io::write_text_file(dir + "/config.json", text);
   }
   for (const auto& entry : fs::directory_iterator(task.base.dir)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && io::is_carried_file(name)) io::copy_file(entry.path().string(), dir + "/" + name);
+    if (entry.is_regular_file() && io::is_carried_file(name))
+      io::copy_file(entry.path().string(), dir + "/" + name);
   }
   if (task.format == OutputFormat::kSafetensors) {
-    const io::OutputLayout layout = io::make_output_layout(task.output_tensors(), task.max_shard_bytes);
-    if (!layout.index_json.empty()) io::write_text_file(dir + "/model.safetensors.index.json", layout.index_json);
+    const io::OutputLayout layout =
+        io::make_output_layout(task.output_tensors(), task.max_shard_bytes);
+    if (!layout.index_json.empty())
+      io::write_text_file(dir + "/model.safetensors.index.json", layout.index_json);
   }
 }
 
 }  // namespace
 
-
-std::vector<std::pair<std::string, std::string>> parse_hints(const std::vector<std::string>& hints) {
+std::vector<std::pair<std::string, std::string>> parse_hints(
+    const std::vector<std::string>& hints) {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& h : hints) {
     const auto eq = h.find('=');
-    if (eq == std::string::npos || eq == 0) throw UsageError("--mpiio-hint '" + h + "': expected key=value");
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError("--mpiio-hint '" + h + "': expected key=value");
     out.emplace_back(h.substr(0, eq), h.substr(eq + 1));
   }
   return out;
 }
 
-PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task, const PipelineOptions& options) {
+PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
+                                    const PipelineOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   const mpi::Comm& comm = ctx.comm;
   std::string bytes = comm.is_root() ? serialize_task(task) : std::string();
@@ -113,8 +119,9 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task, const 
       for (std::size_t t = 0; t < task.tensors.size(); ++t) {
         auto it = options.expected_hashes.find(task.tensors[t].name);
         if (it == options.expected_hashes.end() || it->second != outcome.run.tensor_hashes[t]) {
-          throw InputError("replay of plan " + task.plan.hash + " produced different bytes for tensor '" +
-                           task.tensors[t].name + "' than the manifest records (inputs changed?)");
+          throw InputError("replay of plan " + task.plan.hash +
+                           " produced different bytes for tensor '" + task.tensors[t].name +
+                           "' than the manifest records (inputs changed?)");
         }
       }
     }
@@ -134,15 +141,14 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task, const 
     record.max_rss_bytes = outcome.run.max_rss_bytes;
     record.lineage_parents = lineage_of(task);
     record.replay_of = options.replay_of;
-    outcome.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
-                            options.plan_seconds;
-    record.timings = {{"plan", options.plan_seconds},
-                      {"threshold_prepass", prepass_seconds},
-                      {"merge", outcome.run.merge_seconds},
-                      {"read_wait", outcome.run.read_wait_seconds},
-                      {"compute", outcome.run.compute_seconds},
-                      {"write", outcome.run.write_seconds},
-                      {"total", outcome.total_seconds}};
+    outcome.total_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
+        options.plan_seconds;
+    record.timings = {
+        {"plan", options.plan_seconds},           {"threshold_prepass", prepass_seconds},
+        {"merge", outcome.run.merge_seconds},     {"read_wait", outcome.run.read_wait_seconds},
+        {"compute", outcome.run.compute_seconds}, {"write", outcome.run.write_seconds},
+        {"total", outcome.total_seconds}};
     outcome.manifest = make_manifest(record);
     io::write_text_file(staging->path() + "/" + kManifestFileName, outcome.manifest.dump(2) + "\n");
     staging->publish();

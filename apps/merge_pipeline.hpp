@@ -1,7 +1,7 @@
 #pragma once
 // The common tail of `merge` and `replay`: broadcast the task, stage, run, finalise, publish.
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,7 +34,8 @@ struct PipelineOutcome {
 };
 
 // Collective. `task` must be complete on rank 0 (other ranks receive it).
-PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task, const PipelineOptions& options);
+PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
+                                    const PipelineOptions& options);
 
 // Parses repeated --mpiio-hint key=value flags (UsageError on a malformed one).
 std::vector<std::pair<std::string, std::string>> parse_hints(const std::vector<std::string>& hints);

@@ -9,7 +9,7 @@ PACKAGES=(
   libboost-program-options-dev libcereal-dev nlohmann-json3-dev libyaml-cpp-dev libxxhash-dev
   libgtest-dev libgmock-dev
   python3 python3-numpy python3-h5py python3-yaml
-  vmtouch time util-linux
+  vmtouch time util-linux clang-format
 )
 
 missing=()

@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 scripts/setup-deps.sh
 jobs="$(nproc)"
+if command -v git >/dev/null && [[ -d .git ]]; then scripts/check-format.sh; fi
 
 scripts/build.sh release
 ctest --preset release -j "$jobs" --timeout 900

@@ -4,11 +4,21 @@ namespace mergepipe::io {
 
 void ByteCounters::add(ByteCategory category, std::uint64_t bytes) {
   switch (category) {
-    case ByteCategory::kBase: base_ += bytes; break;
-    case ByteCategory::kExpert: expert_ += bytes; break;
-    case ByteCategory::kCatalog: catalog_ += bytes; break;
-    case ByteCategory::kOutputWritten: output_ += bytes; break;
-    case ByteCategory::kOther: other_ += bytes; break;
+    case ByteCategory::kBase:
+      base_ += bytes;
+      break;
+    case ByteCategory::kExpert:
+      expert_ += bytes;
+      break;
+    case ByteCategory::kCatalog:
+      catalog_ += bytes;
+      break;
+    case ByteCategory::kOutputWritten:
+      output_ += bytes;
+      break;
+    case ByteCategory::kOther:
+      other_ += bytes;
+      break;
   }
 }
 

@@ -583,7 +583,6 @@ void publish_folder(const fs::path& fresh, const fs::path& target) {
   fs::remove_all(aside, ec);
 }
 
-
 }  // namespace
 
 // -----------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
 
 namespace mergepipe::io {
 
-CheckpointLocation locate_tensors(const Checkpoint& checkpoint, const std::vector<TensorInfo>& tensors) {
+CheckpointLocation locate_tensors(const Checkpoint& checkpoint,
+                                  const std::vector<TensorInfo>& tensors) {
   CheckpointLocation loc;
   loc.dir = checkpoint.dir;
   loc.shard_names = checkpoint.shard_names;
@@ -21,7 +22,8 @@ CheckpointLocation locate_tensors(const Checkpoint& checkpoint, const std::vecto
     const StoredTensor& st = checkpoint.tensors[*idx];
     const auto it = file_index.find(st.file);
     if (it == file_index.end()) {
-      throw InputError(checkpoint.dir + ": tensor '" + t.name + "' lies in an unknown file " + st.file);
+      throw InputError(checkpoint.dir + ": tensor '" + t.name + "' lies in an unknown file " +
+                       st.file);
     }
     loc.tensor_file.push_back(it->second);
     loc.tensor_offset.push_back(st.offset);

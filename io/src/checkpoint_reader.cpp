@@ -12,7 +12,8 @@ CheckpointBlockReader::CheckpointBlockReader(const CheckpointLocation& base,
   for (const auto& e : experts) experts_.push_back(open(e, access == ExpertAccess::kWholeFiles));
 }
 
-CheckpointBlockReader::Opened CheckpointBlockReader::open(const CheckpointLocation& location, bool sequential) {
+CheckpointBlockReader::Opened CheckpointBlockReader::open(const CheckpointLocation& location,
+                                                          bool sequential) {
   Opened opened{&location, {}};
   for (const auto& name : location.shard_names) {
     opened.files.emplace_back(location.dir + "/" + name, File::Mode::kRead);
@@ -30,7 +31,8 @@ void CheckpointBlockReader::read(SourceId source, std::uint32_t tensor, std::uin
   const bool is_base = source.expert == SourceId::kBase;
   const Opened& opened = is_base ? base_ : experts_.at(static_cast<std::size_t>(source.expert));
   const CheckpointLocation& loc = *opened.location;
-  if (tensor >= loc.tensor_file.size()) throw InputError(loc.dir + ": no location for tensor #" + std::to_string(tensor));
+  if (tensor >= loc.tensor_file.size())
+    throw InputError(loc.dir + ": no location for tensor #" + std::to_string(tensor));
   const File& file = opened.files.at(loc.tensor_file[tensor]);
   file.read_at(loc.tensor_offset[tensor] + byte_begin, dst);
   counters_.add(is_base ? ByteCategory::kBase : ByteCategory::kExpert, dst.size());

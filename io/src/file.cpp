@@ -13,10 +13,12 @@
 namespace mergepipe::io {
 
 namespace {
-constexpr int kMaxIoRetries = 3;                     // for EIO on shared storage
-constexpr std::size_t kMaxRequest = 1ull << 30;      // keep single requests under 2 GiB
+constexpr int kMaxIoRetries = 3;                 // for EIO on shared storage
+constexpr std::size_t kMaxRequest = 1ull << 30;  // keep single requests under 2 GiB
 
-std::string errno_text(int err) { return std::strerror(err); }
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
 
 [[noreturn]] void throw_open_error(const std::string& path, int err) {
   throw IoError(path + ": cannot open: " + errno_text(err));
@@ -26,9 +28,15 @@ std::string errno_text(int err) { return std::strerror(err); }
 File::File(const std::string& path, Mode mode) : path_(path) {
   int flags = O_CLOEXEC;
   switch (mode) {
-    case Mode::kRead: flags |= O_RDONLY; break;
-    case Mode::kCreateWrite: flags |= O_WRONLY | O_CREAT | O_TRUNC; break;
-    case Mode::kReadWrite: flags |= O_RDWR | O_CREAT; break;
+    case Mode::kRead:
+      flags |= O_RDONLY;
+      break;
+    case Mode::kCreateWrite:
+      flags |= O_WRONLY | O_CREAT | O_TRUNC;
+      break;
+    case Mode::kReadWrite:
+      flags |= O_RDWR | O_CREAT;
+      break;
   }
   fd_ = ::open(path.c_str(), flags, 0644);
   if (fd_ < 0) throw_open_error(path, errno);
@@ -38,7 +46,8 @@ File::~File() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-File::File(File&& other) noexcept : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
+File::File(File&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
 
 File& File::operator=(File&& other) noexcept {
   if (this != &other) {
@@ -64,7 +73,8 @@ void File::read_at(std::uint64_t offset, std::span<std::byte> dst) const {
     }
     if (got == 0) {
       throw InputError(path_ + ": file ends at offset " + std::to_string(offset + done) + " but " +
-                       std::to_string(dst.size() - done) + " more bytes were expected (truncated?)");
+                       std::to_string(dst.size() - done) +
+                       " more bytes were expected (truncated?)");
     }
     done += static_cast<std::size_t>(got);
   }
@@ -88,7 +98,7 @@ void File::write_at(std::uint64_t offset, std::span<const std::byte> src) const 
 }
 
 std::uint64_t File::size() const {
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd_, &st) != 0) throw IoError(path_ + ": cannot stat: " + errno_text(errno));
   return static_cast<std::uint64_t>(st.st_size);
 }
@@ -99,19 +109,25 @@ void File::sync() const {
 
 void File::truncate(std::uint64_t size) const {
   if (::ftruncate(fd_, static_cast<off_t>(size)) != 0)
-    throw IoError(path_ + ": cannot resize to " + std::to_string(size) + " bytes: " + errno_text(errno));
+    throw IoError(path_ + ": cannot resize to " + std::to_string(size) +
+                  " bytes: " + errno_text(errno));
 }
 
-void File::advise_random() const { (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM); }
+void File::advise_random() const {
+  (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_RANDOM);
+}
 
-void File::advise_sequential() const { (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL); }
+void File::advise_sequential() const {
+  (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+}
 
 void File::drop_cache(std::uint64_t offset, std::uint64_t length) const {
-  (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length), POSIX_FADV_DONTNEED);
+  (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length),
+                        POSIX_FADV_DONTNEED);
 }
 
 FileIdentity stat_identity(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw IoError(path + ": cannot stat: " + errno_text(errno));
   FileIdentity id;
   id.path = path;

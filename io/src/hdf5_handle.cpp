@@ -67,7 +67,8 @@ Handle select_rows(hid_t dataset, const std::vector<std::uint64_t>& shape, std::
   start[0] = elem_begin / row;
   count[0] = n / row;
   Handle space = checked(H5Dget_space(dataset), Kind::kDataspace, "H5Dget_space", context);
-  check_status(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+  check_status(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                                   nullptr),
                "H5Sselect_hyperslab", context);
   return space;
 }

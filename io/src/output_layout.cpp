@@ -5,7 +5,8 @@
 
 namespace mergepipe::io {
 
-OutputLayout make_output_layout(const std::vector<TensorInfo>& tensors, std::uint64_t max_shard_bytes) {
+OutputLayout make_output_layout(const std::vector<TensorInfo>& tensors,
+                                std::uint64_t max_shard_bytes) {
   OutputLayout layout;
   layout.tensors = tensors;
   layout.tensor_shard.assign(tensors.size(), 0);

@@ -37,7 +37,9 @@ void remove_tree(const std::string& path) {
   fs::remove_all(path, ec);
 }
 
-void copy_file(const std::string& from, const std::string& to) { write_text_file(to, read_text_file(from)); }
+void copy_file(const std::string& from, const std::string& to) {
+  write_text_file(to, read_text_file(from));
+}
 
 StagingFolder::StagingFolder(const std::string& target, bool replace)
     : target_(normalized(target)), path_(staging_path_for(target)), replace_(replace) {
@@ -46,7 +48,8 @@ StagingFolder::StagingFolder(const std::string& target, bool replace)
     throw UsageError(target_ + ": output folder already exists (pass --force to replace it)");
   }
   const fs::path parent = fs::path(path_).parent_path();
-  if (!fs::is_directory(parent, ec)) throw IoError(parent.string() + ": output parent folder does not exist");
+  if (!fs::is_directory(parent, ec))
+    throw IoError(parent.string() + ": output parent folder does not exist");
   if (::mkdir(path_.c_str(), 0755) != 0 && errno != EEXIST) {
     throw IoError(path_ + ": cannot create staging folder: " + std::strerror(errno));
   }
@@ -57,7 +60,8 @@ StagingFolder::StagingFolder(const std::string& target, bool replace)
     ::close(lock_fd_);
     lock_fd_ = -1;
     path_.clear();  // not ours: never remove it
-    throw IoError(target_ + ": another merge is writing this output right now (lock held on " + lock_path + ")");
+    throw IoError(target_ + ": another merge is writing this output right now (lock held on " +
+                  lock_path + ")");
   }
   // A leftover from a killed run: start clean (keep our lock file).
   for (const auto& entry : fs::directory_iterator(path_)) {
@@ -81,7 +85,9 @@ void StagingFolder::publish() {
   std::error_code ec;
   std::string displaced;
   if (fs::exists(target_, ec)) {
-    if (!replace_) throw UsageError(target_ + ": output folder appeared while merging (pass --force to replace it)");
+    if (!replace_)
+      throw UsageError(target_ +
+                       ": output folder appeared while merging (pass --force to replace it)");
     displaced = path_ + ".replaced";
     remove_tree(displaced);
     if (::rename(target_.c_str(), displaced.c_str()) != 0)
@@ -93,7 +99,8 @@ void StagingFolder::publish() {
     throw IoError(target_ + ": cannot publish the output folder: " + std::strerror(err));
   }
   published_ = true;
-  sync_directory(fs::path(target_).has_parent_path() ? fs::path(target_).parent_path().string() : ".");
+  sync_directory(fs::path(target_).has_parent_path() ? fs::path(target_).parent_path().string()
+                                                     : ".");
   if (!displaced.empty()) remove_tree(displaced);
 }
 

@@ -39,7 +39,6 @@ namespace {
 constexpr std::uint32_t kAbsMask = 0x7fffffffu;
 constexpr std::uint32_t kInfBits = 0x7f800000u;
 
-
 struct Sums {
   double sumsq = 0.0;
   float max_abs = 0.0f;

@@ -17,7 +17,8 @@ Blocking make_blocking(const std::vector<TensorInfo>& tensors, std::uint64_t blo
     const std::uint64_t numel = info.numel();
     const std::uint64_t elem_size = dtype_size(info.dtype);
     std::uint64_t row = 1;
-    if (info.shape.size() >= 2) row = info.shape.empty() || info.shape[0] == 0 ? 0 : numel / info.shape[0];
+    if (info.shape.size() >= 2)
+      row = info.shape.empty() || info.shape[0] == 0 ? 0 : numel / info.shape[0];
     blocking.first_block.push_back(static_cast<std::uint32_t>(blocking.blocks.size()));
     std::uint32_t count = 0;
     if (numel > 0) {

@@ -157,7 +157,8 @@ std::uint64_t parse_byte_size(const std::string& text, const std::string& what) 
   } catch (const UsageError&) {
     throw UsageError(what + " '" + text + "' is not a size (e.g. 4194304, 4MiB or 5GB)");
   }
-  if (b.kind != Budget::Kind::kBytes) throw UsageError(what + " '" + text + "' must be a size, not a percentage");
+  if (b.kind != Budget::Kind::kBytes)
+    throw UsageError(what + " '" + text + "' must be a size, not a percentage");
   if (b.bytes == 0) throw UsageError(what + " must be positive");
   return b.bytes;
 }

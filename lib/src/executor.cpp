@@ -39,7 +39,11 @@ struct LoadedBlock {
 class Prefetcher {
  public:
   Prefetcher(const ExecutionJob& job, std::uint32_t begin, std::uint32_t end, BlockReader& reader)
-      : job_(job), begin_(begin), end_(end), reader_(reader), depth_(std::max(1, job.prefetch_depth)) {
+      : job_(job),
+        begin_(begin),
+        end_(end),
+        reader_(reader),
+        depth_(std::max(1, job.prefetch_depth)) {
     for (int i = 0; i < depth_ + 1; ++i) free_.push_back(std::make_unique<LoadedBlock>());
     thread_ = std::thread([this] { run(); });
   }
@@ -79,7 +83,9 @@ class Prefetcher {
         std::unique_ptr<LoadedBlock> slot;
         {
           std::unique_lock lock(mutex_);
-          cv_.wait(lock, [this] { return stopping_ || (!free_.empty() && ready_.size() < std::size_t(depth_)); });
+          cv_.wait(lock, [this] {
+            return stopping_ || (!free_.empty() && ready_.size() < std::size_t(depth_));
+          });
           if (stopping_) return;
           slot = std::move(free_.back());
           free_.pop_back();
@@ -138,8 +144,8 @@ struct Scratch {
 
 }  // namespace
 
-ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin, std::uint32_t block_end,
-                              BlockReader& reader, OutputSink& sink) {
+ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin,
+                              std::uint32_t block_end, BlockReader& reader, OutputSink& sink) {
   ExecutionStats stats;
   stats.block_hashes.assign(block_end - block_begin, 0);
   if (block_begin >= block_end) return stats;
@@ -171,7 +177,8 @@ ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin
       static thread_local std::vector<float> column;
       column.resize(job.experts);
       const std::size_t tensors = job.tensors->size();
-      for (std::size_t k = 0; k < job.experts; ++k) column[k] = job.thresholds[k * tensors + blk.tensor];
+      for (std::size_t k = 0; k < job.experts; ++k)
+        column[k] = job.thresholds[k * tensors + blk.tensor];
       tctx.thresholds = column;
     }
 
@@ -179,9 +186,11 @@ ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin
     const std::size_t chunks = (blk.elem_count + kChunkElems - 1) / kChunkElems;
     pool.run([&](int worker) {
       Scratch& s = scratch[static_cast<std::size_t>(worker)];
-      for (std::size_t c = static_cast<std::size_t>(worker); c < chunks; c += static_cast<std::size_t>(pool.size())) {
+      for (std::size_t c = static_cast<std::size_t>(worker); c < chunks;
+           c += static_cast<std::size_t>(pool.size())) {
         const std::size_t first = c * kChunkElems;
-        const std::size_t n = std::min(kChunkElems, static_cast<std::size_t>(blk.elem_count) - first);
+        const std::size_t n =
+            std::min(kChunkElems, static_cast<std::size_t>(blk.elem_count) - first);
         convert_to_f32(in_type, loaded->base.data() + first * in_size, s.base.data(), n);
         for (std::size_t k = 0; k < job.experts; ++k) {
           if (!loaded->present[k]) {
@@ -194,7 +203,8 @@ ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin
           for (std::size_t i = 0; i < n; ++i) d[i] -= s.base[i];
           s.pointers[k] = d;
         }
-        merge_block(job.op, tctx, blk.elem_begin + first, n, s.base.data(), s.pointers, s.out.data());
+        merge_block(job.op, tctx, blk.elem_begin + first, n, s.base.data(), s.pointers,
+                    s.out.data());
         std::uint64_t bad = 0;
         for (std::size_t i = 0; i < n; ++i) bad += !std::isfinite(s.out[i]);
         s.nonfinite += bad;
@@ -206,8 +216,9 @@ ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin
     std::uint64_t nonfinite = 0;
     for (auto& s : scratch) nonfinite += std::exchange(s.nonfinite, 0);
     if (nonfinite && !job.allow_nonfinite) {
-      throw InputError("tensor '" + tensor.name + "': the merge produced " + std::to_string(nonfinite) +
-                       " NaN/Inf values (an input holds non-finite weights; --allow-nonfinite to proceed)");
+      throw InputError(
+          "tensor '" + tensor.name + "': the merge produced " + std::to_string(nonfinite) +
+          " NaN/Inf values (an input holds non-finite weights; --allow-nonfinite to proceed)");
     }
     stats.nonfinite += nonfinite;
     stats.block_hashes[b - block_begin] = hash64(out_bytes.data(), out_bytes.size());
@@ -227,7 +238,8 @@ std::string combine_block_hashes(std::span<const std::uint64_t> block_hashes) {
   if (block_hashes.empty()) return "";
   std::vector<unsigned char> bytes(block_hashes.size() * 8);
   for (std::size_t i = 0; i < block_hashes.size(); ++i)
-    for (int j = 0; j < 8; ++j) bytes[i * 8 + j] = static_cast<unsigned char>(block_hashes[i] >> (8 * j));
+    for (int j = 0; j < 8; ++j)
+      bytes[i * 8 + j] = static_cast<unsigned char>(block_hashes[i] >> (8 * j));
   return hash128_hex(bytes.data(), bytes.size());
 }
 

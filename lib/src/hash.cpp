@@ -16,7 +16,9 @@ std::string hex64(std::uint64_t value) {
   return buf;
 }
 
-static std::string hex128(XXH128_hash_t h) { return hex64(h.high64) + hex64(h.low64); }
+static std::string hex128(XXH128_hash_t h) {
+  return hex64(h.high64) + hex64(h.low64);
+}
 
 std::string hash128_hex(const void* data, std::size_t size) {
   return hex128(XXH3_128bits(data, size));
@@ -25,7 +27,9 @@ std::string hash128_hex(const void* data, std::size_t size) {
 Hasher128::Hasher128() : state_(XXH3_createState()) {
   XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_));
 }
-Hasher128::~Hasher128() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+Hasher128::~Hasher128() {
+  XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+}
 void Hasher128::update(const void* data, std::size_t size) {
   XXH3_128bits_update(static_cast<XXH3_state_t*>(state_), data, size);
 }

@@ -131,10 +131,12 @@ bool MagnitudeSketch::operator==(const MagnitudeSketch& other) const {
 
 MagnitudeSketch MagnitudeSketch::from_sparse(std::span<const std::uint16_t> keys,
                                              std::span<const std::uint64_t> counts) {
-  if (keys.size() != counts.size()) throw InputError("magnitude sketch: keys and counts differ in length");
+  if (keys.size() != counts.size())
+    throw InputError("magnitude sketch: keys and counts differ in length");
   MagnitudeSketch s;
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (i > 0 && keys[i] <= keys[i - 1]) throw InputError("magnitude sketch: bucket keys are not ascending");
+    if (i > 0 && keys[i] <= keys[i - 1])
+      throw InputError("magnitude sketch: bucket keys are not ascending");
     if (counts[i] == 0) continue;
     s.keys_.push_back(keys[i]);
     s.counts_.push_back(counts[i]);

@@ -12,10 +12,15 @@ ojson location_json(const CheckpointLocation& loc) {
   ojson files = ojson::array();
   for (std::size_t i = 0; i < loc.files.size(); ++i) {
     const FileIdentity& f = loc.files[i];
-    files.push_back({{"name", loc.shard_names[i]}, {"size", f.size}, {"mtime_ns", f.mtime_ns},
+    files.push_back({{"name", loc.shard_names[i]},
+                     {"size", f.size},
+                     {"mtime_ns", f.mtime_ns},
                      {"header_hash", f.header_hash}});
   }
-  return {{"path", loc.dir}, {"files", files}, {"tensor_file", loc.tensor_file}, {"tensor_offset", loc.tensor_offset}};
+  return {{"path", loc.dir},
+          {"files", files},
+          {"tensor_file", loc.tensor_file},
+          {"tensor_offset", loc.tensor_offset}};
 }
 
 CheckpointLocation location_from_json(const nlohmann::json& j) {
@@ -41,8 +46,11 @@ ojson make_manifest(const ManifestRecord& r) {
   const MergeTask& task = *r.task;
   const MergeSpec& spec = task.spec;
   ojson models = ojson::array();
-  for (const auto& e : spec.experts) models.push_back({{"model", e.path}, {"weight", e.weight}, {"density", e.density}});
-  ojson parameters = {{"normalize", spec.effective_normalize()}, {"lambda", spec.lambda}, {"models", models},
+  for (const auto& e : spec.experts)
+    models.push_back({{"model", e.path}, {"weight", e.weight}, {"density", e.density}});
+  ojson parameters = {{"normalize", spec.effective_normalize()},
+                      {"lambda", spec.lambda},
+                      {"models", models},
                       {"base_model", spec.base_model}};
   if (spec.out_dtype) parameters["dtype"] = torch_dtype_name(*spec.out_dtype);
 
@@ -50,8 +58,10 @@ ojson make_manifest(const ManifestRecord& r) {
   ojson tensor_hashes = ojson::object();
   for (std::size_t t = 0; t < task.tensors.size(); ++t) {
     const TensorInfo& info = task.tensors[t];
-    tensors.push_back({{"name", info.name}, {"dtype", std::string(dtype_name(info.dtype))},
-                       {"out_dtype", std::string(dtype_name(task.out_dtypes[t]))}, {"shape", info.shape}});
+    tensors.push_back({{"name", info.name},
+                       {"dtype", std::string(dtype_name(info.dtype))},
+                       {"out_dtype", std::string(dtype_name(task.out_dtypes[t]))},
+                       {"shape", info.shape}});
     tensor_hashes[info.name] = t < r.tensor_hashes.size() ? r.tensor_hashes[t] : "";
   }
   ojson experts = ojson::array();
@@ -68,12 +78,16 @@ ojson make_manifest(const ManifestRecord& r) {
   m["budget_bytes"] = task.plan.budget_bytes;
   m["planned_expert_bytes"] = task.plan.planned_expert_bytes;
   m["full_expert_bytes"] = task.plan.full_expert_bytes;
-  m["bytes_read"] = {{"base", r.bytes_base}, {"expert", r.bytes_expert}, {"catalog", r.bytes_catalog},
+  m["bytes_read"] = {{"base", r.bytes_base},
+                     {"expert", r.bytes_expert},
+                     {"catalog", r.bytes_catalog},
                      {"output_written", r.bytes_output}};
   m["error_bound"] = task.plan.error_bound;
-  m["access_mask"] = r.plan_json.contains("access_mask") ? r.plan_json["access_mask"] : nlohmann::json();
+  m["access_mask"] =
+      r.plan_json.contains("access_mask") ? r.plan_json["access_mask"] : nlohmann::json();
   m["full_read"] = task.full_read;
-  m["inputs"] = {{"base", location_json(task.base)}, {"experts", experts},
+  m["inputs"] = {{"base", location_json(task.base)},
+                 {"experts", experts},
                  {"catalog", r.catalog_path.empty() ? ojson() : ojson(r.catalog_path)}};
   m["outputs"] = {{"format", task.format == OutputFormat::kHdf5 ? "hdf5" : "safetensors"},
                   {"files", r.output_files},
@@ -98,7 +112,8 @@ ManifestReplayInfo parse_manifest(const std::string& text, const std::string& so
   ManifestReplayInfo info;
   try {
     const nlohmann::json m = nlohmann::json::parse(text);
-    if (m.value("format", "") != kManifestFormat) throw InputError(source + ": not a MergePipe manifest (format key)");
+    if (m.value("format", "") != kManifestFormat)
+      throw InputError(source + ": not a MergePipe manifest (format key)");
     const auto method = parse_merge_method(m.at("method").get<std::string>());
     if (!method) throw InputError(source + ": unknown method " + m.at("method").dump());
     info.spec.method = *method;
@@ -106,9 +121,11 @@ ManifestReplayInfo parse_manifest(const std::string& text, const std::string& so
     info.spec.normalize = p.at("normalize").get<bool>();
     info.spec.lambda = p.at("lambda").get<double>();
     info.spec.base_model = p.at("base_model").get<std::string>();
-    if (p.contains("dtype")) info.spec.out_dtype = parse_output_dtype(p.at("dtype").get<std::string>());
+    if (p.contains("dtype"))
+      info.spec.out_dtype = parse_output_dtype(p.at("dtype").get<std::string>());
     for (const auto& e : p.at("models"))
-      info.spec.experts.push_back({e.at("model").get<std::string>(), e.at("weight").get<double>(), e.at("density").get<double>()});
+      info.spec.experts.push_back({e.at("model").get<std::string>(), e.at("weight").get<double>(),
+                                   e.at("density").get<double>()});
     info.spec.seed = m.at("seed").get<std::uint64_t>();
     info.spec.budget = m.at("budget").get<std::string>();
     info.plan_json = m.at("plan");
@@ -127,11 +144,14 @@ ManifestReplayInfo parse_manifest(const std::string& text, const std::string& so
     const auto& outputs = m.at("outputs");
     info.block_bytes = outputs.at("block_bytes").get<std::uint64_t>();
     info.max_shard_bytes = outputs.at("max_shard_bytes").get<std::uint64_t>();
-    info.format = outputs.at("format").get<std::string>() == "hdf5" ? OutputFormat::kHdf5 : OutputFormat::kSafetensors;
-    for (const auto& [name, hash] : outputs.at("tensor_hashes").items()) info.tensor_hashes[name] = hash.get<std::string>();
+    info.format = outputs.at("format").get<std::string>() == "hdf5" ? OutputFormat::kHdf5
+                                                                    : OutputFormat::kSafetensors;
+    for (const auto& [name, hash] : outputs.at("tensor_hashes").items())
+      info.tensor_hashes[name] = hash.get<std::string>();
     info.full_read = m.value("full_read", false);
     info.base = location_from_json(m.at("inputs").at("base"));
-    for (const auto& e : m.at("inputs").at("experts")) info.experts.push_back(location_from_json(e));
+    for (const auto& e : m.at("inputs").at("experts"))
+      info.experts.push_back(location_from_json(e));
   } catch (const nlohmann::json::exception& e) {
     throw InputError(source + ": malformed manifest: " + e.what());
   }

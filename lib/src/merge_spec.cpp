@@ -17,11 +17,16 @@ std::optional<MergeMethod> parse_merge_method(std::string_view name) {
 
 std::string_view merge_method_name(MergeMethod method) {
   switch (method) {
-    case MergeMethod::kLinear: return "linear";
-    case MergeMethod::kTaskArithmetic: return "task_arithmetic";
-    case MergeMethod::kTies: return "ties";
-    case MergeMethod::kDareLinear: return "dare_linear";
-    case MergeMethod::kDareTies: return "dare_ties";
+    case MergeMethod::kLinear:
+      return "linear";
+    case MergeMethod::kTaskArithmetic:
+      return "task_arithmetic";
+    case MergeMethod::kTies:
+      return "ties";
+    case MergeMethod::kDareLinear:
+      return "dare_linear";
+    case MergeMethod::kDareTies:
+      return "dare_ties";
   }
   return "?";
 }
@@ -32,7 +37,9 @@ bool default_normalize(MergeMethod method) {
 bool is_additive(MergeMethod method) {
   return method == MergeMethod::kLinear || method == MergeMethod::kTaskArithmetic;
 }
-bool uses_magnitude_trim(MergeMethod method) { return method == MergeMethod::kTies; }
+bool uses_magnitude_trim(MergeMethod method) {
+  return method == MergeMethod::kTies;
+}
 bool uses_sign_election(MergeMethod method) {
   return method == MergeMethod::kTies || method == MergeMethod::kDareTies;
 }
@@ -44,7 +51,8 @@ void MergeSpec::validate() const {
   if (experts.empty()) throw UsageError("config: 'models' lists no expert to merge");
   double weight_sum = 0;
   for (const auto& e : experts) {
-    if (!std::isfinite(e.weight)) throw UsageError("config: model '" + e.path + "': weight is not finite");
+    if (!std::isfinite(e.weight))
+      throw UsageError("config: model '" + e.path + "': weight is not finite");
     if (!(e.density > 0.0 && e.density <= 1.0)) {
       throw UsageError("config: model '" + e.path + "': density " + std::to_string(e.density) +
                        " is outside (0, 1]");
@@ -69,7 +77,8 @@ Coefficients additive_coefficients(const MergeSpec& spec) {
     case MergeMethod::kLinear:
       // Σ w θ / Σ w = θ0 + Σ (w/Σw) Δ;  Σ w θ = (Σw) θ0 + Σ w Δ.
       c.base_scale = normalize ? 1.0 : weight_sum;
-      for (const auto& e : spec.experts) c.alpha.push_back(normalize ? e.weight / weight_sum : e.weight);
+      for (const auto& e : spec.experts)
+        c.alpha.push_back(normalize ? e.weight / weight_sum : e.weight);
       break;
     default:
       // θ0 + λ Σ w Δ (/Σw when normalized; dare_linear is task arithmetic on the rescaled
@@ -78,7 +87,8 @@ Coefficients additive_coefficients(const MergeSpec& spec) {
       c.base_scale = 1.0;
       for (const auto& e : spec.experts) {
         double a = spec.lambda * e.weight;
-        if (normalize && !uses_sign_election(spec.method)) a /= weight_sum;  // task arithmetic, dare_linear
+        if (normalize && !uses_sign_election(spec.method))
+          a /= weight_sum;  // task arithmetic, dare_linear
         c.alpha.push_back(a);
       }
       break;

@@ -56,8 +56,8 @@ std::string serialize_task(const MergeTask& task) {
     cereal::PortableBinaryOutputArchive ar(os);
     MergeTask& t = const_cast<MergeTask&>(task);  // cereal's save path takes non-const refs here
     std::string plan = serialize_plan(t.plan);
-    ar(t.spec, plan, t.tensors, t.block_bytes, t.base, t.experts, t.out_dtypes, t.format, t.max_shard_bytes,
-       t.full_read);
+    ar(t.spec, plan, t.tensors, t.block_bytes, t.base, t.experts, t.out_dtypes, t.format,
+       t.max_shard_bytes, t.full_read);
   }
   return os.str();
 }
@@ -68,8 +68,8 @@ MergeTask deserialize_task(const std::string& bytes) {
   try {
     cereal::PortableBinaryInputArchive ar(is);
     std::string plan;
-    ar(t.spec, plan, t.tensors, t.block_bytes, t.base, t.experts, t.out_dtypes, t.format, t.max_shard_bytes,
-       t.full_read);
+    ar(t.spec, plan, t.tensors, t.block_bytes, t.base, t.experts, t.out_dtypes, t.format,
+       t.max_shard_bytes, t.full_read);
     t.plan = deserialize_plan(plan);
   } catch (const cereal::Exception& e) {
     throw InputError(std::string("corrupt merge task: ") + e.what());
@@ -86,11 +86,16 @@ DType parse_output_dtype(const std::string& name) {
 
 std::string torch_dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    case DType::kF32: return "float32";
-    case DType::kF64: return "float64";
-    default: return std::string(dtype_name(dtype));
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    case DType::kF32:
+      return "float32";
+    case DType::kF64:
+      return "float64";
+    default:
+      return std::string(dtype_name(dtype));
   }
 }
 

@@ -12,7 +12,8 @@ void check_mpi(int rc, const char* what, const char* hint) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw IoError(std::string("MPI ") + what + " failed during " + hint + ": " + std::string(msg, len));
+  throw IoError(std::string("MPI ") + what + " failed during " + hint + ": " +
+                std::string(msg, len));
 }
 constexpr std::size_t kMaxPiece = 1u << 30;
 }  // namespace
@@ -38,7 +39,9 @@ Comm::Comm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
   MPI_Comm_size(comm_, &size_);
 }
 
-Comm Comm::world() { return Comm(MPI_COMM_WORLD, false); }
+Comm Comm::world() {
+  return Comm(MPI_COMM_WORLD, false);
+}
 
 Comm::Comm(Comm&& other) noexcept
     : comm_(other.comm_), owned_(other.owned_), rank_(other.rank_), size_(other.size_) {
@@ -60,7 +63,9 @@ Comm::~Comm() {
   if (owned_ && comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
-void Comm::barrier(const char* hint) const { check_mpi(MPI_Barrier(comm_), "barrier", hint); }
+void Comm::barrier(const char* hint) const {
+  check_mpi(MPI_Barrier(comm_), "barrier", hint);
+}
 
 void Comm::broadcast(std::string& data, int root, const char* hint) const {
   std::uint64_t size = data.size();
@@ -108,8 +113,8 @@ std::vector<std::string> Comm::gather(const std::string& mine, int root, const c
     if (total > INT_MAX) throw IoError(std::string("gather of more than 2 GiB during ") + hint);
     all.resize(static_cast<std::size_t>(total));
   }
-  check_mpi(MPI_Gatherv(mine.data(), len, MPI_BYTE, all.data(), lens.data(), displs.data(), MPI_BYTE,
-                        root, comm_),
+  check_mpi(MPI_Gatherv(mine.data(), len, MPI_BYTE, all.data(), lens.data(), displs.data(),
+                        MPI_BYTE, root, comm_),
             "gatherv", hint);
   std::vector<std::string> out;
   if (rank_ == root)

@@ -16,8 +16,10 @@ namespace {
 // bf16 has no native HDF5 type: an IEEE float of 16 bits with fp32's 8-bit exponent (h5py reads
 // it with astype(float32)). fp16 is HDF5's IEEE half layout.
 h5::Handle make_file_type(DType dtype, const std::string& path) {
-  if (dtype == DType::kF32) return h5::checked(H5Tcopy(H5T_IEEE_F32LE), h5::Kind::kDatatype, "H5Tcopy", path);
-  if (dtype == DType::kF64) return h5::checked(H5Tcopy(H5T_IEEE_F64LE), h5::Kind::kDatatype, "H5Tcopy", path);
+  if (dtype == DType::kF32)
+    return h5::checked(H5Tcopy(H5T_IEEE_F32LE), h5::Kind::kDatatype, "H5Tcopy", path);
+  if (dtype == DType::kF64)
+    return h5::checked(H5Tcopy(H5T_IEEE_F64LE), h5::Kind::kDatatype, "H5Tcopy", path);
   h5::Handle t = h5::checked(H5Tcopy(H5T_IEEE_F32LE), h5::Kind::kDatatype, "H5Tcopy", path);
   if (dtype == DType::kBF16) {
     h5::check_status(H5Tset_fields(t.get(), 15, 7, 8, 0, 7), "H5Tset_fields", path);
@@ -49,20 +51,26 @@ struct Hdf5Sink::State {
   h5::Handle transfer;
 };
 
-Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors, const std::string& path)
+Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors,
+                   const std::string& path)
     : state_(std::make_unique<State>()) {
   h5::silence_hdf5_errors();
   State& s = *state_;
   s.path = path;
   s.tensors = tensors;
-  h5::Handle fapl = h5::checked(H5Pcreate(H5P_FILE_ACCESS), h5::Kind::kPropertyList, "H5Pcreate", path);
-  h5::check_status(H5Pset_fapl_mpio(fapl.get(), comm.handle(), MPI_INFO_NULL), "H5Pset_fapl_mpio", path);
-  h5::check_status(H5Pset_all_coll_metadata_ops(fapl.get(), true), "H5Pset_all_coll_metadata_ops", path);
-  h5::check_status(H5Pset_coll_metadata_write(fapl.get(), true), "H5Pset_coll_metadata_write", path);
+  h5::Handle fapl =
+      h5::checked(H5Pcreate(H5P_FILE_ACCESS), h5::Kind::kPropertyList, "H5Pcreate", path);
+  h5::check_status(H5Pset_fapl_mpio(fapl.get(), comm.handle(), MPI_INFO_NULL), "H5Pset_fapl_mpio",
+                   path);
+  h5::check_status(H5Pset_all_coll_metadata_ops(fapl.get(), true), "H5Pset_all_coll_metadata_ops",
+                   path);
+  h5::check_status(H5Pset_coll_metadata_write(fapl.get(), true), "H5Pset_coll_metadata_write",
+                   path);
   h5::check_status(H5Pset_alignment(fapl.get(), 1 << 20, 1 << 20), "H5Pset_alignment", path);
-  s.file = h5::checked(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), h5::Kind::kFile,
-                       "H5Fcreate", path);
-  h5::Handle dcpl = h5::checked(H5Pcreate(H5P_DATASET_CREATE), h5::Kind::kPropertyList, "H5Pcreate", path);
+  s.file = h5::checked(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
+                       h5::Kind::kFile, "H5Fcreate", path);
+  h5::Handle dcpl =
+      h5::checked(H5Pcreate(H5P_DATASET_CREATE), h5::Kind::kPropertyList, "H5Pcreate", path);
   h5::check_status(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), "H5Pset_layout", path);
   h5::check_status(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time", path);
   h5::check_status(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time", path);
@@ -78,35 +86,38 @@ Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors, con
       space = h5::checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
                           h5::Kind::kDataspace, "H5Screate_simple", context);
     }
-    s.datasets.push_back(h5::checked(H5Dcreate2(s.file.get(), t.name.c_str(), s.types.back().get(), space.get(),
-                                                H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+    s.datasets.push_back(h5::checked(H5Dcreate2(s.file.get(), t.name.c_str(), s.types.back().get(),
+                                                space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                                      h5::Kind::kDataset, "H5Dcreate2", context));
   }
   // Blocks differ per rank and per dataset, so data goes out as independent hyperslab writes
   // (no type conversion: memory and file types are identical).
   s.transfer = h5::checked(H5Pcreate(H5P_DATASET_XFER), h5::Kind::kPropertyList, "H5Pcreate", path);
-  h5::check_status(H5Pset_dxpl_mpio(s.transfer.get(), H5FD_MPIO_INDEPENDENT), "H5Pset_dxpl_mpio", path);
+  h5::check_status(H5Pset_dxpl_mpio(s.transfer.get(), H5FD_MPIO_INDEPENDENT), "H5Pset_dxpl_mpio",
+                   path);
 }
 
 Hdf5Sink::~Hdf5Sink() = default;
 
-void Hdf5Sink::write(std::uint32_t tensor, std::uint64_t elem_begin, std::span<const std::byte> bytes) {
+void Hdf5Sink::write(std::uint32_t tensor, std::uint64_t elem_begin,
+                     std::span<const std::byte> bytes) {
   State& s = *state_;
   const TensorInfo& t = s.tensors[tensor];
   const std::string context = s.path + ": dataset " + t.name;
   const std::uint64_t n = bytes.size() / dtype_size(t.dtype);
   const hid_t dataset = s.datasets[tensor].get();
   if (t.shape.empty()) {
-    h5::check_status(H5Dwrite(dataset, s.types[tensor].get(), H5S_ALL, H5S_ALL, s.transfer.get(), bytes.data()),
-                     "H5Dwrite", context);
+    h5::check_status(
+        H5Dwrite(dataset, s.types[tensor].get(), H5S_ALL, H5S_ALL, s.transfer.get(), bytes.data()),
+        "H5Dwrite", context);
   } else {
     // A block is whole rows of the dataset.
     h5::Handle file_space = h5::select_rows(dataset, t.shape, elem_begin, n, context);
     const hsize_t mem_count = n;
-    h5::Handle mem_space = h5::checked(H5Screate_simple(1, &mem_count, nullptr), h5::Kind::kDataspace,
-                                       "H5Screate_simple", context);
-    h5::check_status(H5Dwrite(dataset, s.types[tensor].get(), mem_space.get(), file_space.get(), s.transfer.get(),
-                              bytes.data()),
+    h5::Handle mem_space = h5::checked(H5Screate_simple(1, &mem_count, nullptr),
+                                       h5::Kind::kDataspace, "H5Screate_simple", context);
+    h5::check_status(H5Dwrite(dataset, s.types[tensor].get(), mem_space.get(), file_space.get(),
+                              s.transfer.get(), bytes.data()),
                      "H5Dwrite", context);
   }
   io::global_byte_counters().add(io::ByteCategory::kOutputWritten, bytes.size());

@@ -18,7 +18,7 @@ namespace mergepipe::mpi {
 namespace {
 
 std::uint64_t peak_rss_bytes() {
-  struct rusage usage{};
+  struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
@@ -47,11 +47,13 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   const auto t0 = std::chrono::steady_clock::now();
   const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
   if (task.plan.block_count != blocking.blocks.size()) {
-    throw InputError("plan covers " + std::to_string(task.plan.block_count) + " blocks but the inputs have " +
-                     std::to_string(blocking.blocks.size()) + " (plan made for another blocking)");
+    throw InputError("plan covers " + std::to_string(task.plan.block_count) +
+                     " blocks but the inputs have " + std::to_string(blocking.blocks.size()) +
+                     " (plan made for another blocking)");
   }
   const std::vector<TensorInfo> out_tensors = task.output_tensors();
-  const std::vector<BlockRange> ranges = partition_by_cost(block_costs(task, blocking), comm.size());
+  const std::vector<BlockRange> ranges =
+      partition_by_cost(block_costs(task, blocking), comm.size());
   const BlockRange mine = ranges[static_cast<std::size_t>(comm.rank())];
 
   ExecutionJob job = make_execution_job(task, blocking);
@@ -71,7 +73,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     result.files = layout.shard_names;
     SafetensorsSink sink(comm, layout, options.output_dir, hints);
     auto failure = capture_failure([&] {
-      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(), expert_access);
+      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(),
+                                       expert_access);
       stats = execute_blocks(job, mine.begin, mine.end, reader, sink);
     });
     comm.check(failure, "merge");
@@ -80,7 +83,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     result.files = {kHdf5OutputName};
     Hdf5Sink sink(comm, out_tensors, options.output_dir + "/" + kHdf5OutputName);
     auto failure = capture_failure([&] {
-      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(), expert_access);
+      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(),
+                                       expert_access);
       stats = execute_blocks(job, mine.begin, mine.end, reader, sink);
     });
     comm.check(failure, "merge");
@@ -93,7 +97,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     std::vector<std::uint64_t> all(blocking.blocks.size());
     for (int r = 0; r < comm.size(); ++r) {
       const auto& p = parts[static_cast<std::size_t>(r)];
-      if (p.size() != (ranges[r].end - ranges[r].begin) * 8) throw IoError("output hashes lost in gather");
+      if (p.size() != (ranges[r].end - ranges[r].begin) * 8)
+        throw IoError("output hashes lost in gather");
       std::memcpy(all.data() + ranges[r].begin, p.data(), p.size());
     }
     for (std::size_t t = 0; t < task.tensors.size(); ++t) {
@@ -111,7 +116,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.compute_seconds = comm.allreduce_max(stats.compute_seconds, "reduce timings");
   result.write_seconds = comm.allreduce_max(stats.write_seconds, "reduce timings");
   result.merge_seconds = comm.allreduce_max(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), "reduce timings");
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+      "reduce timings");
   result.max_rss_bytes = comm.allreduce_max(peak_rss_bytes(), "reduce rss");
   return result;
 }

@@ -34,7 +34,8 @@ InfoHints::~InfoHints() {
 MpiFile::MpiFile(const Comm& comm, const std::string& path, bool create, const InfoHints& hints)
     : path_(path) {
   const int mode = create ? (MPI_MODE_CREATE | MPI_MODE_WRONLY) : MPI_MODE_RDONLY;
-  check_io(MPI_File_open(comm.handle(), path.c_str(), mode, hints.handle(), &file_), path, "MPI_File_open");
+  check_io(MPI_File_open(comm.handle(), path.c_str(), mode, hints.handle(), &file_), path,
+           "MPI_File_open");
   MPI_File_set_errhandler(file_, MPI_ERRORS_RETURN);
 }
 
@@ -48,12 +49,14 @@ void MpiFile::write_at(std::uint64_t offset, std::span<const std::byte> data) co
   for (std::size_t done = 0; done < data.size();) {
     const int piece = static_cast<int>(std::min(kMaxPiece, data.size() - done));
     MPI_Status status;
-    check_io(MPI_File_write_at(file_, static_cast<MPI_Offset>(offset + done), data.data() + done, piece,
-                               MPI_BYTE, &status),
+    check_io(MPI_File_write_at(file_, static_cast<MPI_Offset>(offset + done), data.data() + done,
+                               piece, MPI_BYTE, &status),
              path_, "write");
     int written = 0;
     MPI_Get_count(&status, MPI_BYTE, &written);
-    if (written <= 0) throw IoError(path_ + ": write at offset " + std::to_string(offset + done) + " wrote nothing (disk full?)");
+    if (written <= 0)
+      throw IoError(path_ + ": write at offset " + std::to_string(offset + done) +
+                    " wrote nothing (disk full?)");
     done += static_cast<std::size_t>(written);
   }
 }
@@ -62,7 +65,9 @@ void MpiFile::set_size(std::uint64_t size) const {
   check_io(MPI_File_set_size(file_, static_cast<MPI_Offset>(size)), path_, "MPI_File_set_size");
 }
 
-void MpiFile::sync() const { check_io(MPI_File_sync(file_), path_, "MPI_File_sync"); }
+void MpiFile::sync() const {
+  check_io(MPI_File_sync(file_), path_, "MPI_File_sync");
+}
 
 void MpiFile::close() {
   if (file_ == MPI_FILE_NULL) return;

@@ -4,11 +4,12 @@
 
 namespace mergepipe::mpi {
 
-SafetensorsSink::SafetensorsSink(const Comm& comm, const io::OutputLayout& layout, const std::string& dir,
-                                 const InfoHints& hints)
+SafetensorsSink::SafetensorsSink(const Comm& comm, const io::OutputLayout& layout,
+                                 const std::string& dir, const InfoHints& hints)
     : layout_(layout) {
   for (std::size_t s = 0; s < layout.shards.size(); ++s) {
-    files_.push_back(std::make_unique<MpiFile>(comm, dir + "/" + layout.shard_names[s], true, hints));
+    files_.push_back(
+        std::make_unique<MpiFile>(comm, dir + "/" + layout.shard_names[s], true, hints));
     if (comm.is_root()) {
       const std::string& header = layout.shards[s].header_bytes;
       files_.back()->write_at(0, std::as_bytes(std::span(header.data(), header.size())));
@@ -17,7 +18,8 @@ SafetensorsSink::SafetensorsSink(const Comm& comm, const io::OutputLayout& layou
   }
 }
 
-void SafetensorsSink::write(std::uint32_t tensor, std::uint64_t elem_begin, std::span<const std::byte> bytes) {
+void SafetensorsSink::write(std::uint32_t tensor, std::uint64_t elem_begin,
+                            std::span<const std::byte> bytes) {
   const TensorInfo& info = layout_.tensors[tensor];
   const std::uint64_t offset = layout_.tensor_offset[tensor] + elem_begin * dtype_size(info.dtype);
   files_[layout_.tensor_shard[tensor]]->write_at(offset, bytes);

@@ -17,7 +17,8 @@ std::vector<float> compute_thresholds_from_data(const Comm& comm, const MergeTas
   const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
   std::vector<std::uint64_t> costs(tensors);
   for (std::size_t t = 0; t < tensors; ++t) costs[t] = task.tensors[t].nbytes() + 1;
-  const BlockRange mine = partition_by_cost(costs, comm.size())[static_cast<std::size_t>(comm.rank())];
+  const BlockRange mine =
+      partition_by_cost(costs, comm.size())[static_cast<std::size_t>(comm.rank())];
 
   // Packed (tensor, expert, threshold) triples computed here.
   std::string packed;

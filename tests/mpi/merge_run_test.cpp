@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -27,12 +27,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::vector<TensorInfo> kTensors = {{"model.embed_tokens.weight", DType::kBF16, {96, 32}},
-                                          {"model.layers.0.mlp.up_proj.weight", DType::kBF16, {64, 32}},
-                                          {"model.norm.weight", DType::kBF16, {32}},
-                                          {"lm_head.weight", DType::kBF16, {96, 32}}};
+const std::vector<TensorInfo> kTensors = {
+    {"model.embed_tokens.weight", DType::kBF16, {96, 32}},
+    {"model.layers.0.mlp.up_proj.weight", DType::kBF16, {64, 32}},
+    {"model.norm.weight", DType::kBF16, {32}},
+    {"lm_head.weight", DType::kBF16, {96, 32}}};
 
-std::vector<std::byte> bf16_values(const TensorInfo& t, std::mt19937& rng, const std::vector<std::byte>* base) {
+std::vector<std::byte> bf16_values(const TensorInfo& t, std::mt19937& rng,
+                                   const std::vector<std::byte>* base) {
   std::normal_distribution<float> dist(0.0f, base ? 0.003f : 0.02f);
   std::vector<std::byte> bytes(t.nbytes());
   for (std::uint64_t i = 0; i < t.numel(); ++i) {
@@ -52,7 +54,8 @@ std::vector<std::byte> bf16_values(const TensorInfo& t, std::mt19937& rng, const
 std::string make_family(const mpi::Comm& comm) {
   std::string dir;
   if (comm.is_root()) {
-    dir = (fs::temp_directory_path() / ("mergepipe-mpi-merge-" + std::to_string(::getpid()))).string();
+    dir = (fs::temp_directory_path() / ("mergepipe-mpi-merge-" + std::to_string(::getpid())))
+              .string();
     fs::remove_all(dir);
     std::mt19937 rng(17);
     std::vector<std::vector<std::byte>> base;
@@ -61,7 +64,8 @@ std::string make_family(const mpi::Comm& comm) {
       const std::string folder = dir + (c == 0 ? "/base" : "/expert" + std::to_string(c - 1));
       fs::create_directories(folder);
       std::vector<std::vector<std::byte>> data;
-      for (std::size_t t = 0; t < kTensors.size(); ++t) data.push_back(c == 0 ? base[t] : bf16_values(kTensors[t], rng, &base[t]));
+      for (std::size_t t = 0; t < kTensors.size(); ++t)
+        data.push_back(c == 0 ? base[t] : bf16_values(kTensors[t], rng, &base[t]));
       std::vector<std::span<const std::byte>> spans(data.begin(), data.end());
       io::write_safetensors(folder + "/model.safetensors", kTensors, spans);
     }
@@ -74,16 +78,19 @@ MergeTask make_task(const std::string& dir) {
   MergeTask task;
   task.spec.method = MergeMethod::kTies;
   task.spec.base_model = dir + "/base";
-  for (int k = 0; k < 3; ++k) task.spec.experts.push_back({dir + "/expert" + std::to_string(k), 1.0 + k, 0.4});
+  for (int k = 0; k < 3; ++k)
+    task.spec.experts.push_back({dir + "/expert" + std::to_string(k), 1.0 + k, 0.4});
   const Checkpoint base = io::open_checkpoint(task.spec.base_model);
   task.tensors = base.tensor_infos();
   task.block_bytes = 512;
   task.base = io::locate_tensors(base, task.tensors);
-  for (const auto& e : task.spec.experts) task.experts.push_back(io::locate_tensors(io::open_checkpoint(e.path), task.tensors));
+  for (const auto& e : task.spec.experts)
+    task.experts.push_back(io::locate_tensors(io::open_checkpoint(e.path), task.tensors));
   const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
   task.plan = make_full_read_plan(task.spec, task.tensors, blocking, "test");
   // Omit a deterministic pattern of pairs, as a budget would.
-  for (std::size_t b = 0; b < blocking.blocks.size(); b += 3) task.plan.mask[1].words[b / 64] &= ~(std::uint64_t{1} << (b % 64));
+  for (std::size_t b = 0; b < blocking.blocks.size(); b += 3)
+    task.plan.mask[1].words[b / 64] &= ~(std::uint64_t{1} << (b % 64));
   task.plan.thresholds.assign(3 * task.tensors.size(), 0.002f);
   task.plan.hash = compute_plan_hash(task.plan);
   task.out_dtypes.assign(task.tensors.size(), DType::kBF16);
@@ -97,19 +104,22 @@ class MemorySink : public OutputSink {
   explicit MemorySink(const std::vector<TensorInfo>& tensors) {
     for (const auto& t : tensors) bytes.emplace_back(t.nbytes());
   }
-  void write(std::uint32_t tensor, std::uint64_t elem_begin, std::span<const std::byte> data) override {
+  void write(std::uint32_t tensor, std::uint64_t elem_begin,
+             std::span<const std::byte> data) override {
     std::memcpy(bytes[tensor].data() + elem_begin * 2, data.data(), data.size());
   }
   std::vector<std::vector<std::byte>> bytes;
 };
 
-bool serial_reference_matches(const MergeTask& task, const std::string& out, const mpi::MergeRunResult& result) {
+bool serial_reference_matches(const MergeTask& task, const std::string& out,
+                              const mpi::MergeRunResult& result) {
   const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
   const ExecutionJob job = make_execution_job(task, blocking);
   io::ByteCounters counters;
   io::CheckpointBlockReader reader(task.base, task.experts, counters);
   MemorySink sink(task.tensors);
-  const ExecutionStats stats = execute_blocks(job, 0, std::uint32_t(blocking.blocks.size()), reader, sink);
+  const ExecutionStats stats =
+      execute_blocks(job, 0, std::uint32_t(blocking.blocks.size()), reader, sink);
   bool ok = true;
   for (std::size_t t = 0; t < task.tensors.size(); ++t) {
     const std::string expect = combine_block_hashes(
@@ -199,7 +209,8 @@ TEST(MPI, MergeOutputIsIndependentOfRankCount) {
     fs::remove_all(dir, ec);
   }
   comm.broadcast(digest, 0, "digest");
-  EXPECT_EQ(1, ok) << "outputs differ between settings, from the serial reference, or from the expected byte counts";
+  EXPECT_EQ(1, ok) << "outputs differ between settings, from the serial reference, or from the "
+                      "expected byte counts";
 }
 
 TEST(MPI, FailureOnOneRankEndsAllRanksWithItsMessage) {

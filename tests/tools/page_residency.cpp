@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
       std::perror(argv[i]);
       return 1;
     }
-    struct stat st{};
+    struct stat st {};
     fstat(fd, &st);
     if (evict) {
       fdatasync(fd);

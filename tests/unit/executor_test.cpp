@@ -19,8 +19,10 @@ class MemoryReader : public BlockReader {
   std::map<int, std::vector<std::vector<std::byte>>> data;
   int fail_at_read = -1;  // throw on this read (0-based), -1 never
   int reads = 0;
-  void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin, std::span<std::byte> dst) override {
-    if (reads++ == fail_at_read) throw IoError("memory: injected read failure at offset " + std::to_string(byte_begin));
+  void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+            std::span<std::byte> dst) override {
+    if (reads++ == fail_at_read)
+      throw IoError("memory: injected read failure at offset " + std::to_string(byte_begin));
     const auto& bytes = data.at(source.expert).at(tensor);
     ASSERT_LE(byte_begin + dst.size(), bytes.size());
     std::memcpy(dst.data(), bytes.data() + byte_begin, dst.size());
@@ -31,7 +33,8 @@ class MemorySink : public OutputSink {
  public:
   std::vector<std::vector<std::byte>> out;
   std::vector<TensorInfo> tensors;
-  void write(std::uint32_t tensor, std::uint64_t elem_begin, std::span<const std::byte> bytes) override {
+  void write(std::uint32_t tensor, std::uint64_t elem_begin,
+             std::span<const std::byte> bytes) override {
     auto& o = out.at(tensor);
     const std::size_t offset = elem_begin * dtype_size(tensors[tensor].dtype);
     ASSERT_LE(offset + bytes.size(), o.size());
@@ -85,7 +88,8 @@ struct Fixture {
   ExecutionJob job(MergeMethod method, int threads, int prefetch) const {
     MergeSpec spec;
     spec.method = method;
-    for (std::size_t k = 0; k < experts; ++k) spec.experts.push_back({"e" + std::to_string(k), 1.0 + 0.5 * double(k), 0.5});
+    for (std::size_t k = 0; k < experts; ++k)
+      spec.experts.push_back({"e" + std::to_string(k), 1.0 + 0.5 * double(k), 0.5});
     ExecutionJob j;
     j.blocking = &blocking;
     j.tensors = &tensors;
@@ -120,24 +124,27 @@ TEST(Executor, MatchesDirectMergeOfWholeTensors) {
     const ExecutionJob job = f.job(m, 2, 2);
     MemorySink sink = f.sink(job);
     f.reader.reads = 0;
-    const auto stats = execute_blocks(job, 0, std::uint32_t(f.blocking.blocks.size()), f.reader, sink);
+    const auto stats =
+        execute_blocks(job, 0, std::uint32_t(f.blocking.blocks.size()), f.reader, sink);
     // Reference: per block, the operator applied to exactly the admitted deltas.
     for (std::size_t b = 0; b < f.blocking.blocks.size(); ++b) {
       const Block& blk = f.blocking.blocks[b];
       const std::size_t n = blk.elem_count;
       std::vector<float> base(n), out(n);
-      convert_to_f32(DType::kBF16, f.reader.data[-1][blk.tensor].data() + blk.byte_begin, base.data(), n);
+      convert_to_f32(DType::kBF16, f.reader.data[-1][blk.tensor].data() + blk.byte_begin,
+                     base.data(), n);
       std::vector<std::vector<float>> deltas(f.experts, std::vector<float>(n));
       std::vector<const float*> ptrs(f.experts, nullptr);
       for (std::size_t k = 0; k < f.experts; ++k) {
         if (!f.admitted[k][b]) continue;
-        convert_to_f32(DType::kBF16, f.reader.data[int(k)][blk.tensor].data() + blk.byte_begin, deltas[k].data(), n);
+        convert_to_f32(DType::kBF16, f.reader.data[int(k)][blk.tensor].data() + blk.byte_begin,
+                       deltas[k].data(), n);
         for (std::size_t i = 0; i < n; ++i) deltas[k][i] -= base[i];
         ptrs[k] = deltas[k].data();
       }
       std::vector<float> thresholds(f.experts, 0.001f);
-      merge_block(job.op, TensorContext{job.name_keys[blk.tensor], thresholds}, blk.elem_begin, n, base.data(), ptrs,
-                  out.data());
+      merge_block(job.op, TensorContext{job.name_keys[blk.tensor], thresholds}, blk.elem_begin, n,
+                  base.data(), ptrs, out.data());
       std::vector<std::byte> expect(n * dtype_size(job.out_dtypes[blk.tensor]));
       convert_from_f32(job.out_dtypes[blk.tensor], out.data(), expect.data(), n);
       const std::size_t offset = blk.elem_begin * dtype_size(job.out_dtypes[blk.tensor]);
@@ -147,7 +154,8 @@ TEST(Executor, MatchesDirectMergeOfWholeTensors) {
     std::uint64_t admitted_bytes = 0, base_bytes = 0;
     for (std::size_t b = 0; b < f.blocking.blocks.size(); ++b) {
       base_bytes += f.blocking.blocks[b].byte_length;
-      for (std::size_t k = 0; k < f.experts; ++k) admitted_bytes += f.admitted[k][b] ? f.blocking.blocks[b].byte_length : 0;
+      for (std::size_t k = 0; k < f.experts; ++k)
+        admitted_bytes += f.admitted[k][b] ? f.blocking.blocks[b].byte_length : 0;
     }
     EXPECT_EQ(stats.expert_bytes, admitted_bytes);  // exactly the admitted pairs, nothing more
     EXPECT_EQ(stats.base_bytes, base_bytes);
@@ -166,7 +174,9 @@ TEST(Executor, ThreadsPrefetchAndRangesDoNotChangeBytes) {
       MemorySink sink = f.sink(job);
       // Split the blocks into three ranges, as three ranks would.
       std::vector<std::uint64_t> hashes;
-      for (auto [lo, hi] : {std::pair<std::uint32_t, std::uint32_t>{0, blocks / 3}, {blocks / 3, blocks / 2}, {blocks / 2, blocks}}) {
+      for (auto [lo, hi] : {std::pair<std::uint32_t, std::uint32_t>{0, blocks / 3},
+                            {blocks / 3, blocks / 2},
+                            {blocks / 2, blocks}}) {
         auto s = execute_blocks(job, lo, hi, f.reader, sink);
         hashes.insert(hashes.end(), s.block_hashes.begin(), s.block_hashes.end());
       }
@@ -196,10 +206,12 @@ TEST(Executor, NonFiniteOutputIsRefusedUnlessAllowed) {
   for (auto& row : f.admitted) std::fill(row.begin(), row.end(), 1);
   ExecutionJob job = f.job(MergeMethod::kTaskArithmetic, 1, 2);
   MemorySink sink = f.sink(job);
-  EXPECT_THROW(execute_blocks(job, 0, std::uint32_t(f.blocking.blocks.size()), f.reader, sink), InputError);
+  EXPECT_THROW(execute_blocks(job, 0, std::uint32_t(f.blocking.blocks.size()), f.reader, sink),
+               InputError);
   job.allow_nonfinite = true;
   MemorySink sink2 = f.sink(job);
-  const auto stats = execute_blocks(job, 0, std::uint32_t(f.blocking.blocks.size()), f.reader, sink2);
+  const auto stats =
+      execute_blocks(job, 0, std::uint32_t(f.blocking.blocks.size()), f.reader, sink2);
   EXPECT_EQ(stats.nonfinite, 1u);
 }
 

@@ -32,8 +32,8 @@ TEST(MagnitudeSketch, ThresholdKeepsAtLeastKAndIsWithinTheBucketResolution) {
     const auto k = static_cast<std::size_t>(std::floor(d * double(v.size())));
     const float exact = mags[k - 1];  // k-th largest |Δ|
     const float t = s.threshold(d);
-    EXPECT_LE(t, exact) << d;                                 // rounded toward keeping more
-    EXPECT_GE(t, exact * (1.0f - 1.0f / 256.0f)) << d;        // by at most 2^-8 relative
+    EXPECT_LE(t, exact) << d;                           // rounded toward keeping more
+    EXPECT_GE(t, exact * (1.0f - 1.0f / 256.0f)) << d;  // by at most 2^-8 relative
     const auto kept = std::count_if(mags.begin(), mags.end(), [&](float m) { return m >= t; });
     EXPECT_GE(static_cast<std::size_t>(kept), k);
     EXPECT_EQ(static_cast<std::uint64_t>(kept), s.kept_count(t));

@@ -22,11 +22,13 @@ TEST(Partition, ContiguousCoveringAndBalanced) {
       ASSERT_EQ(r.begin, expect);
       ASSERT_LE(r.begin, r.end);
       expect = r.end;
-      biggest = std::max(biggest, std::accumulate(costs.begin() + r.begin, costs.begin() + r.end, std::uint64_t{0}));
+      biggest = std::max(biggest, std::accumulate(costs.begin() + r.begin, costs.begin() + r.end,
+                                                  std::uint64_t{0}));
     }
     ASSERT_EQ(expect, costs.size());
     const std::uint64_t total = std::accumulate(costs.begin(), costs.end(), std::uint64_t{0});
-    const std::uint64_t max_item = costs.empty() ? 0 : *std::max_element(costs.begin(), costs.end());
+    const std::uint64_t max_item =
+        costs.empty() ? 0 : *std::max_element(costs.begin(), costs.end());
     // No part exceeds its fair share by more than one block.
     EXPECT_LE(biggest, total / parts + max_item + 1);
   }

@@ -17,10 +17,10 @@ struct Block {
 };
 
 struct Blocking {
-  std::uint64_t block_bytes = 0;                 // target block size the blocking was made with
-  std::vector<Block> blocks;                     // ordered by tensor, then element
-  std::vector<std::uint32_t> first_block;        // per tensor: index of its first block
-  std::vector<std::uint32_t> block_count;        // per tensor: number of blocks (0 for empty tensors)
+  std::uint64_t block_bytes = 0;           // target block size the blocking was made with
+  std::vector<Block> blocks;               // ordered by tensor, then element
+  std::vector<std::uint32_t> first_block;  // per tensor: index of its first block
+  std::vector<std::uint32_t> block_count;  // per tensor: number of blocks (0 for empty tensors)
 };
 
 // Default target block size; see docs/formats.md for why.

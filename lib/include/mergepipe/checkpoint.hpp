@@ -13,25 +13,25 @@ namespace mergepipe {
 
 // What identifies a file's content cheaply: used to detect a stale catalog or manifest input.
 struct FileIdentity {
-  std::string path;          // as given (folder + file name)
+  std::string path;  // as given (folder + file name)
   std::uint64_t size = 0;
   std::int64_t mtime_ns = 0;
-  std::string header_hash;   // hash128_hex of the safetensors header bytes (8 + N)
+  std::string header_hash;  // hash128_hex of the safetensors header bytes (8 + N)
   bool operator==(const FileIdentity&) const = default;
 };
 
 struct Checkpoint {
-  std::string dir;                          // the folder
-  std::vector<std::string> shard_names;     // file names inside dir, in shard order
-  std::vector<FileIdentity> files;          // parallel to shard_names
-  std::vector<StoredTensor> tensors;        // in checkpoint order: shard order, then offset
-  std::string config_json;                  // raw config.json text ("" when absent)
-  std::vector<std::string> extra_files;     // tokenizer/generation files to carry to outputs
+  std::string dir;                       // the folder
+  std::vector<std::string> shard_names;  // file names inside dir, in shard order
+  std::vector<FileIdentity> files;       // parallel to shard_names
+  std::vector<StoredTensor> tensors;     // in checkpoint order: shard order, then offset
+  std::string config_json;               // raw config.json text ("" when absent)
+  std::vector<std::string> extra_files;  // tokenizer/generation files to carry to outputs
 
   // Index into `tensors` by name, nullopt when absent.
   std::optional<std::size_t> find(const std::string& name) const;
   std::vector<TensorInfo> tensor_infos() const;
-  std::uint64_t total_bytes() const;        // sum of tensor byte lengths
+  std::uint64_t total_bytes() const;  // sum of tensor byte lengths
 
   // Built by io when the checkpoint is opened.
   std::map<std::string, std::size_t> by_name;

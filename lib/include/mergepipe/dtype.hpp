@@ -8,7 +8,21 @@
 namespace mergepipe {
 
 enum class DType : std::uint8_t {
-  kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool, kF8E4M3, kF8E5M2, kU16, kU32, kU64
+  kF64,
+  kF32,
+  kF16,
+  kBF16,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU8,
+  kBool,
+  kF8E4M3,
+  kF8E5M2,
+  kU16,
+  kU32,
+  kU64
 };
 
 // Parses a safetensors dtype string ("BF16", "F32", ...); nullopt for unknown strings.
@@ -20,7 +34,8 @@ std::size_t dtype_size(DType dtype);
 // True for the floating types the merge can read and write (F64, F32, F16, BF16).
 bool is_mergeable(DType dtype);
 
-// Scalar conversions. fp32 -> bf16/fp16 round to nearest even; NaN stays NaN (quiet), Inf stays Inf.
+// Scalar conversions. fp32 -> bf16/fp16 round to nearest even; NaN stays NaN (quiet), Inf stays
+// Inf.
 std::uint16_t f32_to_bf16(float value);
 float bf16_to_f32(std::uint16_t bits);
 std::uint16_t f32_to_f16(float value);

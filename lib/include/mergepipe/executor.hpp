@@ -35,7 +35,8 @@ class OutputSink {
   virtual ~OutputSink() = default;
   // Output bytes of elements [elem_begin, elem_begin + n) of tensor `tensor`, in its output dtype.
   // Called on the thread that runs execute_blocks.
-  virtual void write(std::uint32_t tensor, std::uint64_t elem_begin, std::span<const std::byte> bytes) = 0;
+  virtual void write(std::uint32_t tensor, std::uint64_t elem_begin,
+                     std::span<const std::byte> bytes) = 0;
 };
 
 struct ExecutionJob {
@@ -43,14 +44,14 @@ struct ExecutionJob {
   const std::vector<TensorInfo>* tensors = nullptr;  // input tensors (base dtypes)
   std::vector<DType> out_dtypes;                     // per tensor
   OperatorConfig op;
-  std::vector<std::uint64_t> name_keys;              // per tensor: tensor_name_key(name)
-  std::vector<float> thresholds;                     // [expert][tensor]; empty when unused
+  std::vector<std::uint64_t> name_keys;  // per tensor: tensor_name_key(name)
+  std::vector<float> thresholds;         // [expert][tensor]; empty when unused
   std::size_t experts = 0;
   // admitted(k, b): read expert k's block b. Must be pure (called from several threads).
   std::function<bool(std::size_t, std::size_t)> admitted;
-  int threads = 1;                // compute threads
-  int prefetch_depth = 2;         // blocks read ahead
-  bool allow_nonfinite = false;   // otherwise a NaN/Inf in the output is an InputError
+  int threads = 1;               // compute threads
+  int prefetch_depth = 2;        // blocks read ahead
+  bool allow_nonfinite = false;  // otherwise a NaN/Inf in the output is an InputError
 };
 
 struct ExecutionStats {
@@ -60,8 +61,8 @@ struct ExecutionStats {
   double read_wait_seconds = 0, compute_seconds = 0, write_seconds = 0;
 };
 
-ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin, std::uint32_t block_end,
-                              BlockReader& reader, OutputSink& sink);
+ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin,
+                              std::uint32_t block_end, BlockReader& reader, OutputSink& sink);
 
 // Combines per-block output hashes of one tensor (in block order) into the tensor's hash:
 // hash128_hex over the little-endian 64-bit block hashes. Zero-block tensors hash "".

@@ -17,21 +17,22 @@ namespace mergepipe {
 
 inline constexpr const char* kManifestFileName = "mergepipe.manifest.json";
 inline constexpr const char* kManifestFormat = "mergepipe-manifest-1";
-inline constexpr const char* kOutputHashScheme = "xxh3-128 over xxh3-64 of each block's output bytes";
+inline constexpr const char* kOutputHashScheme =
+    "xxh3-128 over xxh3-64 of each block's output bytes";
 
 struct ManifestRecord {
   const MergeTask* task = nullptr;
-  nlohmann::json plan_json;                  // plan_to_json of task->plan (mask, thresholds, ...)
-  std::string catalog_path;                  // "" for --full-read and replays without catalog
+  nlohmann::json plan_json;  // plan_to_json of task->plan (mask, thresholds, ...)
+  std::string catalog_path;  // "" for --full-read and replays without catalog
   std::uint64_t bytes_base = 0, bytes_expert = 0, bytes_catalog = 0, bytes_output = 0;
-  std::vector<std::string> tensor_hashes;    // per task tensor
+  std::vector<std::string> tensor_hashes;  // per task tensor
   std::vector<std::string> output_files;
   int ranks = 1;
   int threads = 1;
-  std::map<std::string, double> timings;     // seconds
+  std::map<std::string, double> timings;  // seconds
   std::uint64_t max_rss_bytes = 0;
   nlohmann::json lineage_parents = nlohmann::json::array();  // manifests of merged inputs
-  std::string replay_of;                     // plan hash of the manifest replayed, if any
+  std::string replay_of;  // plan hash of the manifest replayed, if any
 };
 
 nlohmann::ordered_json make_manifest(const ManifestRecord& record);
@@ -46,7 +47,7 @@ struct ManifestReplayInfo {
   std::uint64_t max_shard_bytes = 0;
   OutputFormat format = OutputFormat::kSafetensors;
   bool full_read = false;
-  CheckpointLocation base;                   // identities as recorded
+  CheckpointLocation base;  // identities as recorded
   std::vector<CheckpointLocation> experts;
   std::map<std::string, std::string> tensor_hashes;
   std::string plan_hash;

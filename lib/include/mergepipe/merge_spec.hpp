@@ -32,11 +32,11 @@ struct MergeSpec {
   MergeMethod method = MergeMethod::kLinear;
   std::string base_model;
   std::vector<ExpertSpec> experts;
-  std::optional<bool> normalize;       // unset: default_normalize(method)
+  std::optional<bool> normalize;  // unset: default_normalize(method)
   double lambda = 1.0;
-  std::optional<DType> out_dtype;      // unset: the base's dtype per tensor
+  std::optional<DType> out_dtype;  // unset: the base's dtype per tensor
   std::uint64_t seed = 0;
-  std::optional<std::string> budget;   // as written ("25%", "12GiB", ...)
+  std::optional<std::string> budget;  // as written ("25%", "12GiB", ...)
 
   bool effective_normalize() const { return normalize.value_or(default_normalize(method)); }
   // Throws UsageError naming the problem: no experts, weight not finite, density outside (0, 1],
@@ -47,8 +47,8 @@ struct MergeSpec {
 // Fixed coefficients of the delta form `s·θ0 + Σ α_k Δ_k` (linear, task arithmetic) and the
 // per-expert multipliers used by the bound and the planner's scores for every method.
 struct Coefficients {
-  double base_scale = 1.0;        // s
-  std::vector<double> alpha;      // α_k
+  double base_scale = 1.0;    // s
+  std::vector<double> alpha;  // α_k
 };
 Coefficients additive_coefficients(const MergeSpec& spec);
 

@@ -16,15 +16,15 @@ enum class OutputFormat { kSafetensors, kHdf5 };
 
 struct MergeTask {
   MergeSpec spec;
-  Plan plan;                                   // mask and thresholds over `tensors` x blocks
-  std::vector<TensorInfo> tensors;             // input tensors in base order
-  std::uint64_t block_bytes = 0;               // blocking = make_blocking(tensors, block_bytes)
+  Plan plan;                        // mask and thresholds over `tensors` x blocks
+  std::vector<TensorInfo> tensors;  // input tensors in base order
+  std::uint64_t block_bytes = 0;    // blocking = make_blocking(tensors, block_bytes)
   CheckpointLocation base;
-  std::vector<CheckpointLocation> experts;     // plan order
-  std::vector<DType> out_dtypes;               // per tensor
+  std::vector<CheckpointLocation> experts;  // plan order
+  std::vector<DType> out_dtypes;            // per tensor
   OutputFormat format = OutputFormat::kSafetensors;
   std::uint64_t max_shard_bytes = 0;
-  bool full_read = false;                      // naive baseline: every expert block read
+  bool full_read = false;  // naive baseline: every expert block read
 
   std::vector<TensorInfo> output_tensors() const;  // tensors with out_dtypes applied
 };

@@ -24,9 +24,9 @@ struct TensorInfo {
 // A tensor as found in a checkpoint: which file and where its bytes lie (absolute file offset).
 struct StoredTensor {
   TensorInfo info;
-  std::string file;           // absolute or folder-relative path as opened by the reader
-  std::uint64_t offset = 0;   // absolute byte offset of the first element in `file`
-  std::uint64_t length = 0;   // byte length, == info.nbytes()
+  std::string file;          // absolute or folder-relative path as opened by the reader
+  std::uint64_t offset = 0;  // absolute byte offset of the first element in `file`
+  std::uint64_t length = 0;  // byte length, == info.nbytes()
 };
 
 // Formats a shape as "[2048, 1024]" for messages.

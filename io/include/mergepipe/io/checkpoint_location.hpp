@@ -9,6 +9,7 @@
 namespace mergepipe::io {
 
 // InputError naming the folder when a tensor is missing.
-CheckpointLocation locate_tensors(const Checkpoint& checkpoint, const std::vector<TensorInfo>& tensors);
+CheckpointLocation locate_tensors(const Checkpoint& checkpoint,
+                                  const std::vector<TensorInfo>& tensors);
 
 }  // namespace mergepipe::io

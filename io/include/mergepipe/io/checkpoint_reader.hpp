@@ -18,9 +18,11 @@ class CheckpointBlockReader : public BlockReader {
  public:
   // `experts[k]` is expert k in plan order. Opens every shard read-only.
   enum class ExpertAccess { kExactRanges, kWholeFiles };
-  CheckpointBlockReader(const CheckpointLocation& base, const std::vector<CheckpointLocation>& experts,
-                        ByteCounters& counters, ExpertAccess access = ExpertAccess::kExactRanges);
-  void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin, std::span<std::byte> dst) override;
+  CheckpointBlockReader(const CheckpointLocation& base,
+                        const std::vector<CheckpointLocation>& experts, ByteCounters& counters,
+                        ExpertAccess access = ExpertAccess::kExactRanges);
+  void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+            std::span<std::byte> dst) override;
 
  private:
   struct Opened {

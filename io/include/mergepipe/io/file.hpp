@@ -21,11 +21,12 @@ class File {
   File& operator=(const File&) = delete;
 
   // Reads exactly dst.size() bytes at offset (loops over short reads, retries EINTR/EAGAIN and a
-  // bounded number of EIO). Throws IoError naming file and offset; InputError if the file ends early.
+  // bounded number of EIO). Throws IoError naming file and offset; InputError if the file ends
+  // early.
   void read_at(std::uint64_t offset, std::span<std::byte> dst) const;
   void write_at(std::uint64_t offset, std::span<const std::byte> src) const;
   std::uint64_t size() const;
-  void sync() const;        // fsync
+  void sync() const;  // fsync
   void truncate(std::uint64_t size) const;
   // posix_fadvise hints: don't prefetch beyond what we ask; drop pages after use.
   void advise_random() const;

@@ -34,6 +34,7 @@ std::string make_index_json(const std::vector<std::string>& shard_names,
 
 // config.json of an output: the base's text with `torch_dtype` and `dtype` set to `dtype_name`
 // ("bfloat16", "float16", "float32"); key order otherwise preserved.
-std::string rewrite_config_dtype(const std::string& config_json, const std::string& torch_dtype_name);
+std::string rewrite_config_dtype(const std::string& config_json,
+                                 const std::string& torch_dtype_name);
 
 }  // namespace mergepipe::io

@@ -16,7 +16,8 @@ class ModelReader {
   virtual ~ModelReader() = default;
   virtual const std::vector<TensorInfo>& tensors() const = 0;
   // Raw little-endian bytes of elements [elem_begin, elem_begin + n) of tensor `index`.
-  virtual void read(std::size_t index, std::uint64_t elem_begin, std::uint64_t n, std::span<std::byte> dst) = 0;
+  virtual void read(std::size_t index, std::uint64_t elem_begin, std::uint64_t n,
+                    std::span<std::byte> dst) = 0;
   // Index of a tensor by name, or -1.
   long find(const std::string& name) const;
 };

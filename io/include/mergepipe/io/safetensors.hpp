@@ -16,18 +16,18 @@ inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;  // as the referen
 
 struct SafetensorsHeader {
   std::string path;
-  std::uint64_t header_length = 0;   // N
-  std::uint64_t data_begin = 0;      // 8 + N
+  std::uint64_t header_length = 0;  // N
+  std::uint64_t data_begin = 0;     // 8 + N
   std::uint64_t file_size = 0;
-  std::vector<StoredTensor> tensors; // sorted by offset; offsets absolute, file = path
+  std::vector<StoredTensor> tensors;  // sorted by offset; offsets absolute, file = path
   std::map<std::string, std::string> metadata;
-  std::string header_hash;           // hash128_hex of the 8 + N header bytes
+  std::string header_hash;  // hash128_hex of the 8 + N header bytes
 };
 
 // Validates and parses a header. `header` holds the file's first 8 + N bytes. Throws InputError
 // naming `path` (and the tensor) for every malformed case: see docs/formats.md.
-SafetensorsHeader parse_safetensors_header(std::span<const std::byte> header, std::uint64_t file_size,
-                                           const std::string& path);
+SafetensorsHeader parse_safetensors_header(std::span<const std::byte> header,
+                                           std::uint64_t file_size, const std::string& path);
 // Reads the first 8 + N bytes of `path` with positioned reads and parses them.
 SafetensorsHeader read_safetensors_header(const std::string& path);
 
@@ -36,8 +36,8 @@ SafetensorsHeader read_safetensors_header(const std::string& path);
 // writer's: dtype size descending, then name byte-wise; header padded with spaces to 8 bytes;
 // `__metadata__` first (always containing "format": "pt").
 struct SafetensorsLayout {
-  std::string header_bytes;          // 8-byte length + JSON + padding
-  std::vector<StoredTensor> tensors; // in file order
+  std::string header_bytes;           // 8-byte length + JSON + padding
+  std::vector<StoredTensor> tensors;  // in file order
   std::uint64_t file_size = 0;
 };
 SafetensorsLayout layout_safetensors(const std::vector<TensorInfo>& tensors,

@@ -27,7 +27,7 @@ struct MergeRunResult {
   std::vector<std::string> files;          // output data files written (names in output_dir)
   double merge_seconds = 0;                // slowest rank
   double read_wait_seconds = 0, compute_seconds = 0, write_seconds = 0;  // slowest rank
-  std::uint64_t max_rss_bytes = 0;         // largest peak RSS over ranks
+  std::uint64_t max_rss_bytes = 0;  // largest peak RSS over ranks
 };
 
 MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRunOptions& options);

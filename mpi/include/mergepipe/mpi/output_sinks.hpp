@@ -18,7 +18,8 @@ class SafetensorsSink : public OutputSink {
  public:
   SafetensorsSink(const Comm& comm, const io::OutputLayout& layout, const std::string& dir,
                   const InfoHints& hints);
-  void write(std::uint32_t tensor, std::uint64_t elem_begin, std::span<const std::byte> bytes) override;
+  void write(std::uint32_t tensor, std::uint64_t elem_begin,
+             std::span<const std::byte> bytes) override;
   void finish();  // collective
 
  private:
@@ -32,7 +33,8 @@ class Hdf5Sink : public OutputSink {
  public:
   Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors, const std::string& path);
   ~Hdf5Sink() override;
-  void write(std::uint32_t tensor, std::uint64_t elem_begin, std::span<const std::byte> bytes) override;
+  void write(std::uint32_t tensor, std::uint64_t elem_begin,
+             std::span<const std::byte> bytes) override;
   void finish();  // collective
 
  private:
