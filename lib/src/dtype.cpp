@@ -43,6 +43,21 @@ std::size_t dtype_size(DType dtype) {
   return 1;
 }
 
+std::string torch_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    case DType::kF32:
+      return "float32";
+    case DType::kF64:
+      return "float64";
+    default:
+      throw UsageError("no torch dtype for " + std::string(dtype_name(dtype)));
+  }
+}
+
 bool is_mergeable(DType dtype) {
   return dtype == DType::kF64 || dtype == DType::kF32 || dtype == DType::kF16 ||
          dtype == DType::kBF16;

@@ -84,19 +84,4 @@ DType parse_output_dtype(const std::string& name) {
   throw UsageError("unsupported output dtype '" + name + "' (use bfloat16, float16 or float32)");
 }
 
-std::string torch_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16:
-      return "bfloat16";
-    case DType::kF16:
-      return "float16";
-    case DType::kF32:
-      return "float32";
-    case DType::kF64:
-      return "float64";
-    default:
-      return std::string(dtype_name(dtype));
-  }
-}
-
 }  // namespace mergepipe

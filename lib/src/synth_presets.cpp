@@ -236,21 +236,6 @@ std::vector<SynthTensor> model_tensors(const ModelPreset& p, DType dtype) {
   return t;
 }
 
-std::string torch_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16:
-      return "bfloat16";
-    case DType::kF16:
-      return "float16";
-    case DType::kF32:
-      return "float32";
-    case DType::kF64:
-      return "float64";
-    default:
-      throw UsageError("no torch dtype for " + std::string(dtype_name(dtype)));
-  }
-}
-
 std::string make_config_json(const ModelPreset& p, DType dtype) {
   const bool llama = p.model_type == "llama";
   ojson c;

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace mergepipe {
@@ -33,6 +34,10 @@ std::string_view dtype_name(DType dtype);
 std::size_t dtype_size(DType dtype);
 // True for the floating types the merge can read and write (F64, F32, F16, BF16).
 bool is_mergeable(DType dtype);
+
+// The torch / config.json spelling of a float dtype ("bfloat16", "float16", "float32",
+// "float64"); UsageError for other dtypes.
+std::string torch_dtype_name(DType dtype);
 
 // Scalar conversions. fp32 -> bf16/fp16 round to nearest even; NaN stays NaN (quiet), Inf stays
 // Inf.

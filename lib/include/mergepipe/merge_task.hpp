@@ -37,7 +37,5 @@ MergeTask deserialize_task(const std::string& bytes);
 
 // Output dtype for a config dtype name ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32").
 DType parse_output_dtype(const std::string& name);
-// The config.json spelling ("bfloat16", "float16", "float32").
-std::string torch_dtype_name(DType dtype);
 
 }  // namespace mergepipe

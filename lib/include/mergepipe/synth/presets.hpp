@@ -78,9 +78,6 @@ ModelPreset scale_preset(ModelPreset preset, std::optional<std::uint64_t> layers
 // `dtype`.
 std::vector<SynthTensor> model_tensors(const ModelPreset& preset, DType dtype);
 
-// Hugging Face spelling of a dtype in config.json ("bfloat16", "float16", "float32", "float64").
-std::string torch_dtype_name(DType dtype);
-
 // config.json, tokenizer_config.json and generation_config.json text for the preset.
 std::string make_config_json(const ModelPreset& preset, DType dtype);
 std::string make_tokenizer_config_json(const ModelPreset& preset);
