@@ -356,14 +356,20 @@ class H5Reader {
     return out;
   }
 
-  std::uint64_t attribute_u64(const std::string& object, const std::string& name) const {
-    const std::string ctx = where(object + "@" + name);
+  // Opens attribute `name` of `object`; InputError when it is missing.
+  Handle open_attribute(const std::string& object, const std::string& name,
+                        const std::string& ctx) const {
     if (H5Aexists_by_name(file_.get(), object.c_str(), name.c_str(), H5P_DEFAULT) <= 0) {
       throw InputError(ctx + ": attribute is missing");
     }
-    Handle attr = checked(
+    return checked(
         H5Aopen_by_name(file_.get(), object.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT),
         Kind::kAttribute, "H5Aopen_by_name", ctx);
+  }
+
+  std::uint64_t attribute_u64(const std::string& object, const std::string& name) const {
+    const std::string ctx = where(object + "@" + name);
+    Handle attr = open_attribute(object, name, ctx);
     std::uint64_t value = 0;
     check_status(H5Aread(attr.get(), H5T_NATIVE_UINT64, &value), "H5Aread", ctx);
     return value;
@@ -371,12 +377,7 @@ class H5Reader {
 
   std::string attribute_string(const std::string& object, const std::string& name) const {
     const std::string ctx = where(object + "@" + name);
-    if (H5Aexists_by_name(file_.get(), object.c_str(), name.c_str(), H5P_DEFAULT) <= 0) {
-      throw InputError(ctx + ": attribute is missing");
-    }
-    Handle attr = checked(
-        H5Aopen_by_name(file_.get(), object.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT),
-        Kind::kAttribute, "H5Aopen_by_name", ctx);
+    Handle attr = open_attribute(object, name, ctx);
     Handle type = checked(H5Aget_type(attr.get()), Kind::kDatatype, "H5Aget_type", ctx);
     if (H5Tget_class(type.get()) != H5T_STRING || H5Tis_variable_str(type.get()) != 0) {
       throw InputError(ctx + ": expected a fixed-length string");

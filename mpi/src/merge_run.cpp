@@ -68,27 +68,26 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   ExecutionStats stats;
   InfoHints hints(options.mpiio_hints);
 
+  // Every rank streams its blocks into the sink; the sink is finished collectively only once
+  // every rank is known to have succeeded.
+  auto stream_into = [&](auto& sink) {
+    auto failure = capture_failure([&] {
+      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(),
+                                       expert_access);
+      stats = execute_blocks(job, mine.begin, mine.end, reader, sink);
+    });
+    comm.check(failure, "merge");
+    sink.finish();
+  };
   if (task.format == OutputFormat::kSafetensors) {
     const io::OutputLayout layout = io::make_output_layout(out_tensors, task.max_shard_bytes);
     result.files = layout.shard_names;
     SafetensorsSink sink(comm, layout, options.output_dir, hints);
-    auto failure = capture_failure([&] {
-      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(),
-                                       expert_access);
-      stats = execute_blocks(job, mine.begin, mine.end, reader, sink);
-    });
-    comm.check(failure, "merge");
-    sink.finish();
+    stream_into(sink);
   } else {
     result.files = {kHdf5OutputName};
     Hdf5Sink sink(comm, out_tensors, options.output_dir + "/" + kHdf5OutputName);
-    auto failure = capture_failure([&] {
-      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(),
-                                       expert_access);
-      stats = execute_blocks(job, mine.begin, mine.end, reader, sink);
-    });
-    comm.check(failure, "merge");
-    sink.finish();
+    stream_into(sink);
   }
 
   // Output hashes: every rank's block hashes, in block order, on rank 0.
