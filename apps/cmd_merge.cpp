@@ -76,16 +76,74 @@ MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOp
   task.tensors = catalog.tensors;
   task.block_bytes = catalog.blocking.block_bytes;
   task.base = catalog.base;
-  for (std::uint32_t idx : task.plan.catalog_expert)
-    task.experts.push_back(catalog.experts.at(idx).location);
+  for (std::uint32_t idx : task.plan.catalog_expert) {
+    const ExpertCatalog& expert = catalog.experts.at(idx);
+    task.experts.push_back(expert.location);
+    std::vector<std::uint64_t> hashes;
+    hashes.reserve(expert.blocks.size());
+    for (const BlockStats& s : expert.blocks) hashes.push_back(s.hash);
+    task.expert_block_hashes.push_back(std::move(hashes));
+  }
   return task;
+}
+
+void print_merge_summary(const MergeTask& task, const PipelineOutcome& outcome,
+                         const MergeOptions& o, const CommandContext& ctx) {
+  const Plan& plan = task.plan;
+  const auto& b = outcome.run.bytes;
+  if (o.pipeline.style.json) {
+    print_json_line({{"event", "result"},
+                     {"command", "merge"},
+                     {"out", o.out},
+                     {"method", plan.method},
+                     {"plan_hash", plan.hash},
+                     {"experts", task.experts.size()},
+                     {"ranks", ctx.comm.size()},
+                     {"threads", outcome.threads},
+                     {"budget_bytes", plan.budget_bytes},
+                     {"planned_expert_bytes", plan.planned_expert_bytes},
+                     {"full_expert_bytes", plan.full_expert_bytes},
+                     {"bytes_read", {{"base", b.base}, {"expert", b.expert}}},
+                     {"bytes_written", b.output_written},
+                     {"pairs_admitted", plan.pairs_admitted},
+                     {"pairs_total", plan.pairs_total},
+                     {"error_bound", plan.error_bound},
+                     {"blocks_resumed", outcome.run.blocks_resumed},
+                     {"seconds", outcome.total_seconds}});
+    return;
+  }
+  std::printf("merged %zu experts (%s) into %s on %d rank(s) x %d thread(s)\n", task.experts.size(),
+              plan.method.c_str(), o.out.c_str(), ctx.comm.size(), outcome.threads);
+  if (outcome.run.blocks_resumed > 0) {
+    std::printf(
+        "  resumed            %llu of %llu blocks kept from the interrupted run (%llu "
+        "rejected)\n",
+        static_cast<unsigned long long>(outcome.run.blocks_resumed),
+        static_cast<unsigned long long>(outcome.run.blocks_total),
+        static_cast<unsigned long long>(outcome.run.blocks_rejected));
+  }
+  std::printf(
+      "  expert bytes read  %s of %s (%.1f%%), budget %s\n", format_bytes(b.expert).c_str(),
+      format_bytes(plan.full_expert_bytes).c_str(),
+      plan.full_expert_bytes ? 100.0 * double(b.expert) / double(plan.full_expert_bytes) : 0.0,
+      format_bytes(plan.budget_bytes).c_str());
+  std::printf("  base read %s, output written %s\n", format_bytes(b.base).c_str(),
+              format_bytes(b.output_written).c_str());
+  std::printf("  pairs admitted     %llu of %llu (%llu all-zero skipped)\n",
+              static_cast<unsigned long long>(plan.pairs_admitted),
+              static_cast<unsigned long long>(plan.pairs_total),
+              static_cast<unsigned long long>(plan.pairs_zero));
+  std::printf("  error bound        %.6g\n", plan.error_bound);
+  std::printf("  wall time          %.2f s (plan %.3f s, merge %.2f s)\n", outcome.total_seconds,
+              o.pipeline.plan_seconds, outcome.run.merge_seconds);
+  std::printf("  plan hash          %s\n", plan.hash.c_str());
 }
 
 }  // namespace
 
 int cmd_merge(CommandContext& ctx) {
   MergeOptions o;
-  std::vector<std::string> hints;
+  RunOptionText run_text;
   std::string block_bytes_text;
   double max_error = -1;
   std::uint64_t seed = 0;
@@ -104,19 +162,8 @@ int cmd_merge(CommandContext& ctx) {
       "full-read", po::bool_switch(&o.full_read),
       "naive baseline: no catalog, read every expert block")(
       "block-bytes", po::value(&block_bytes_text), "block size for --full-read (default 4MiB)")(
-      "max-shard-size", po::value(&o.max_shard), "largest output shard (default 5GB)")(
-      "threads",
-      po::value(&o.pipeline.threads)
-          ->default_value(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
-      "compute threads per rank")("prefetch",
-                                  po::value(&o.pipeline.prefetch_depth)->default_value(2),
-                                  "blocks read ahead per rank")(
-      "force", po::bool_switch(&o.pipeline.force), "replace an existing output folder")(
-      "allow-nonfinite", po::bool_switch(&o.pipeline.allow_nonfinite),
-      "write NaN/Inf results instead of failing")(
-      "mpiio-hint", po::value(&hints)->composing(),
-      "MPI-IO hint key=value for the output files (repeatable)")(
-      "quiet", po::bool_switch(&o.pipeline.quiet), "print nothing on success");
+      "max-shard-size", po::value(&o.max_shard), "largest output shard (default 5GB)");
+  add_run_options(desc, o.pipeline, run_text);
   po::positional_options_description pos;
   pos.add("config", 1);
   const auto vm = parse_command_line("merge", "CONFIG --catalog CAT --budget B --out DIR", desc,
@@ -125,10 +172,8 @@ int cmd_merge(CommandContext& ctx) {
   if (vm->count("max-error")) o.max_error = max_error;
   if (o.format != "safetensors" && o.format != "hdf5")
     throw UsageError("merge: --format must be safetensors or hdf5");
-  if (o.pipeline.threads < 1 || o.pipeline.prefetch_depth < 1)
-    throw UsageError("merge: --threads and --prefetch must be >= 1");
+  finish_run_options(run_text, o.pipeline, "merge");
   o.pipeline.out = o.out;
-  o.pipeline.mpiio_hints = parse_hints(hints);
   o.pipeline.catalog_path = o.full_read ? "" : o.catalog;
 
   MergeTask task;
@@ -148,28 +193,7 @@ int cmd_merge(CommandContext& ctx) {
   ctx.comm.check(failure, "prepare merge");
 
   const PipelineOutcome outcome = execute_and_publish(ctx, task, o.pipeline);
-  if (ctx.comm.is_root() && !o.pipeline.quiet) {
-    const Plan& plan = task.plan;
-    const auto& b = outcome.run.bytes;
-    std::printf("merged %zu experts (%s) into %s on %d rank(s) x %d thread(s)\n",
-                task.experts.size(), plan.method.c_str(), o.out.c_str(), ctx.comm.size(),
-                o.pipeline.threads);
-    std::printf(
-        "  expert bytes read  %s of %s (%.1f%%), budget %s\n", format_bytes(b.expert).c_str(),
-        format_bytes(plan.full_expert_bytes).c_str(),
-        plan.full_expert_bytes ? 100.0 * double(b.expert) / double(plan.full_expert_bytes) : 0.0,
-        format_bytes(plan.budget_bytes).c_str());
-    std::printf("  base read %s, output written %s\n", format_bytes(b.base).c_str(),
-                format_bytes(b.output_written).c_str());
-    std::printf("  pairs admitted     %llu of %llu (%llu all-zero skipped)\n",
-                static_cast<unsigned long long>(plan.pairs_admitted),
-                static_cast<unsigned long long>(plan.pairs_total),
-                static_cast<unsigned long long>(plan.pairs_zero));
-    std::printf("  error bound        %.6g\n", plan.error_bound);
-    std::printf("  wall time          %.2f s (plan %.3f s, merge %.2f s)\n", outcome.total_seconds,
-                o.pipeline.plan_seconds, outcome.run.merge_seconds);
-    std::printf("  plan hash          %s\n", plan.hash.c_str());
-  }
+  if (ctx.comm.is_root() && !o.pipeline.style.quiet) print_merge_summary(task, outcome, o, ctx);
   return 0;
 }
 

@@ -1,7 +1,6 @@
 // mergepipe replay MANIFEST --out DIR: re-runs a recorded merge and checks it reproduces the
 // recorded output hashes byte for byte before publishing.
 #include <cstdio>
-#include <thread>
 
 #include "cli.hpp"
 #include "commands.hpp"
@@ -44,27 +43,18 @@ CheckpointLocation reopen_checked(const CheckpointLocation& recorded,
 int cmd_replay(CommandContext& ctx) {
   std::string manifest_path;
   PipelineOptions pipeline;
-  std::vector<std::string> hints;
+  RunOptionText run_text;
   po::options_description desc("replay options");
   desc.add_options()("manifest", po::value(&manifest_path)->required(),
                      "mergepipe.manifest.json of a merge")(
-      "out", po::value(&pipeline.out)->required(), "output folder (published atomically)")(
-      "threads",
-      po::value(&pipeline.threads)
-          ->default_value(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
-      "compute threads per rank")("prefetch", po::value(&pipeline.prefetch_depth)->default_value(2),
-                                  "blocks read ahead")("force", po::bool_switch(&pipeline.force),
-                                                       "replace an existing output folder")(
-      "allow-nonfinite", po::bool_switch(&pipeline.allow_nonfinite),
-      "write NaN/Inf results instead of failing")("mpiio-hint", po::value(&hints)->composing(),
-                                                  "MPI-IO hint key=value (repeatable)")(
-      "quiet", po::bool_switch(&pipeline.quiet), "print nothing on success");
+      "out", po::value(&pipeline.out)->required(), "output folder (published atomically)");
+  add_run_options(desc, pipeline, run_text);
   po::positional_options_description pos;
   pos.add("manifest", 1);
   const auto vm =
       parse_command_line("replay", "MANIFEST --out DIR", desc, pos, ctx.args, ctx.comm.is_root());
   if (!vm) return 0;
-  pipeline.mpiio_hints = parse_hints(hints);
+  finish_run_options(run_text, pipeline, "replay");
 
   MergeTask task;
   auto failure = mpi::capture_failure([&] {
@@ -91,7 +81,16 @@ int cmd_replay(CommandContext& ctx) {
   ctx.comm.check(failure, "prepare replay");
 
   const PipelineOutcome outcome = execute_and_publish(ctx, task, pipeline);
-  if (ctx.comm.is_root() && !pipeline.quiet) {
+  if (ctx.comm.is_root() && !pipeline.style.quiet && pipeline.style.json) {
+    print_json_line(
+        {{"event", "result"},
+         {"command", "replay"},
+         {"out", pipeline.out},
+         {"plan_hash", task.plan.hash},
+         {"tensors", task.tensors.size()},
+         {"bytes_read", {{"base", outcome.run.bytes.base}, {"expert", outcome.run.bytes.expert}}},
+         {"seconds", outcome.total_seconds}});
+  } else if (ctx.comm.is_root() && !pipeline.style.quiet) {
     std::printf(
         "replayed plan %s into %s: %zu tensors byte-identical to the manifest, %s expert bytes "
         "read, %.2f s\n",

@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "mergepipe/error.hpp"
 #include "mergepipe/mpi/comm.hpp"
+#include "output_style.hpp"
 
 namespace {
 
@@ -65,21 +66,30 @@ int main(int argc, char** argv) {
     return 2;
   }
   CommandContext ctx{std::vector<std::string>(argv + 2, argv + argc), comm};
+  const bool json = mergepipe::app::wants_json_log(ctx.args);
+  // One line on stderr: plain text, or a JSON object for --log-format json.
+  auto report = [&](const char* kind, const char* message, int code) {
+    if (json) {
+      mergepipe::app::print_json_line(
+          {{"event", "error"}, {"command", argv[1]}, {"code", code}, {"message", message}}, true);
+    } else {
+      std::fprintf(stderr, "mergepipe: %s: %s\n", kind, message);
+      std::fflush(stderr);
+    }
+  };
   try {
     return it->second.run(ctx);
   } catch (const mergepipe::mpi::CollectiveError& e) {
     // Every rank knows; rank 0 speaks for the job.
-    if (root) std::fprintf(stderr, "mergepipe: error: %s\n", e.what());
+    if (root) report("error", e.what(), static_cast<int>(e.code()));
     return static_cast<int>(e.code());
   } catch (const mergepipe::Error& e) {
     // Only this rank knows: report it and take the job down so no rank waits forever.
-    std::fprintf(stderr, "mergepipe: error: %s\n", e.what());
-    std::fflush(stderr);
+    report("error", e.what(), static_cast<int>(e.code()));
     if (comm.size() > 1) MPI_Abort(MPI_COMM_WORLD, static_cast<int>(e.code()));
     return static_cast<int>(e.code());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mergepipe: internal error: %s\n", e.what());
-    std::fflush(stderr);
+    report("internal error", e.what(), 1);
     if (comm.size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }

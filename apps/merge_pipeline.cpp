@@ -9,9 +9,9 @@
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hf_folder.hpp"
 #include "mergepipe/io/output_layout.hpp"
+#include "mergepipe/io/proc_io.hpp"
 #include "mergepipe/io/staging.hpp"
 #include "mergepipe/manifest.hpp"
-#include "mergepipe/mpi/threshold_prepass.hpp"
 #include "mergepipe/plan.hpp"
 
 namespace mergepipe::app {
@@ -66,6 +66,43 @@ void write_folder_metadata(const MergeTask& task, const std::string& dir) {
 
 }  // namespace
 
+void add_run_options(po::options_description& desc, PipelineOptions& options, RunOptionText& text) {
+  desc.add_options()("threads", po::value(&options.threads)->default_value(0),
+                     "compute threads per rank (0: the node's cores divided by its ranks)")(
+      "io-threads", po::value(&options.io_threads)->default_value(4), "concurrent reads per rank")(
+      "prefetch", po::value(&options.prefetch_depth)->default_value(2),
+      "blocks read ahead per rank")(
+      "force", po::bool_switch(&options.force),
+      "replace an existing output folder (the new one is complete before the old one goes)")(
+      "allow-nonfinite", po::bool_switch(&options.allow_nonfinite),
+      "write NaN/Inf results instead of failing")(
+      "no-resume", po::bool_switch(&text.no_resume),
+      "start afresh even if a killed run of the same merge left its staging folder")(
+      "verify-reads", po::value(&text.verify_reads)->default_value("first"),
+      "check expert reads against the catalog's block hashes: first (the first block read from "
+      "each file), all, or off")("mpiio-hint", po::value(&text.hints)->composing(),
+                                 "MPI-IO hint key=value for the output files (repeatable)");
+  add_output_options(desc, text.style);
+}
+
+void finish_run_options(const RunOptionText& text, PipelineOptions& options,
+                        const std::string& command) {
+  if (options.threads < 0 || options.io_threads < 1 || options.prefetch_depth < 1)
+    throw UsageError(command + ": --threads must be >= 0, --io-threads and --prefetch >= 1");
+  options.mpiio_hints = parse_hints(text.hints);
+  options.resume = !text.no_resume;
+  if (text.verify_reads == "first") {
+    options.verify_reads = mpi::VerifyReads::kFirstPerFile;
+  } else if (text.verify_reads == "all") {
+    options.verify_reads = mpi::VerifyReads::kAll;
+  } else if (text.verify_reads == "off") {
+    options.verify_reads = mpi::VerifyReads::kOff;
+  } else {
+    throw UsageError(command + ": --verify-reads must be first, all or off");
+  }
+  options.style = parse_output_style(text.style, command);
+}
+
 std::vector<std::pair<std::string, std::string>> parse_hints(
     const std::vector<std::string>& hints) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -85,36 +122,51 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
   std::string bytes = comm.is_root() ? serialize_task(task) : std::string();
   comm.broadcast(bytes, 0, "broadcast merge task");
   if (!comm.is_root()) task = deserialize_task(bytes);
+  PipelineOutcome outcome;
+  outcome.threads = options.threads > 0 ? options.threads : comm.default_threads();
 
-  double prepass_seconds = 0;
-  if (task.full_read && uses_magnitude_trim(task.spec.method) && task.plan.thresholds.empty()) {
-    const auto tp = std::chrono::steady_clock::now();
-    task.plan.thresholds = mpi::compute_thresholds_from_data(comm, task);
-    task.plan.hash = compute_plan_hash(task.plan);
-    prepass_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tp).count();
-  }
-  const io::ByteCounts prepass_bytes = io::global_byte_counters().snapshot();
-  const std::uint64_t prepass_base = comm.allreduce_sum(prepass_bytes.base, "reduce bytes");
-  const std::uint64_t prepass_expert = comm.allreduce_sum(prepass_bytes.expert, "reduce bytes");
-
+  // Stage, or pick up what a killed run of this same task left behind.
   std::unique_ptr<io::StagingFolder> staging;
+  std::uint64_t resumed = 0;
   auto failure = mpi::capture_failure([&] {
-    if (comm.is_root()) staging = std::make_unique<io::StagingFolder>(options.out, options.force);
+    if (!comm.is_root()) return;
+    io::StagingOptions staging_options;
+    staging_options.replace = options.force;
+    staging_options.resume = options.resume;
+    staging_options.resume_key = task_identity(task);
+    staging = std::make_unique<io::StagingFolder>(options.out, staging_options);
+    resumed = staging->resumed() ? 1 : 0;
   });
   comm.check(failure, "create staging folder");
+  resumed = comm.allreduce_max(resumed, "broadcast resume");
 
+  const auto display = make_progress_display(options.style, comm.is_root());
   mpi::MergeRunOptions run_options;
   run_options.output_dir = io::staging_path_for(options.out);
-  run_options.threads = options.threads;
+  run_options.threads = outcome.threads;
+  run_options.io_threads = options.io_threads;
   run_options.prefetch_depth = options.prefetch_depth;
   run_options.allow_nonfinite = options.allow_nonfinite;
   run_options.mpiio_hints = options.mpiio_hints;
-
-  PipelineOutcome outcome;
+  run_options.resume = resumed != 0;
+  run_options.verify_reads = options.verify_reads;
+  run_options.progress = display.get();
   outcome.run = mpi::run_merge(comm, task, run_options);
+
+  // The kernel's view of this process's I/O, summed over ranks (a cross-check of our counters).
+  const io::KernelIoCounters kio = io::read_kernel_io_counters();
+  const std::uint64_t k_rchar = comm.allreduce_sum(kio.rchar, "reduce kernel io");
+  const std::uint64_t k_wchar = comm.allreduce_sum(kio.wchar, "reduce kernel io");
+  const std::uint64_t k_read = comm.allreduce_sum(kio.read_bytes, "reduce kernel io");
+  const std::uint64_t k_write = comm.allreduce_sum(kio.write_bytes, "reduce kernel io");
 
   failure = mpi::capture_failure([&] {
     if (!comm.is_root()) return;
+    if (!outcome.run.thresholds.empty()) {
+      // --full-read TIES: the thresholds came from the data; the plan records them.
+      task.plan.thresholds = outcome.run.thresholds;
+      task.plan.hash = compute_plan_hash(task.plan);
+    }
     if (!options.expected_hashes.empty()) {
       for (std::size_t t = 0; t < task.tensors.size(); ++t) {
         auto it = options.expected_hashes.find(task.tensors[t].name);
@@ -130,22 +182,39 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
     record.task = &task;
     record.plan_json = plan_to_json(task.plan);
     record.catalog_path = options.catalog_path;
-    record.bytes_base = outcome.run.bytes.base + prepass_base;
-    record.bytes_expert = outcome.run.bytes.expert + prepass_expert;
+    record.bytes_base = outcome.run.bytes.base;
+    record.bytes_expert = outcome.run.bytes.expert;
     record.bytes_catalog = options.catalog_bytes;
     record.bytes_output = outcome.run.bytes.output_written;
     record.tensor_hashes = outcome.run.tensor_hashes;
     record.output_files = outcome.run.files;
     record.ranks = comm.size();
-    record.threads = options.threads;
+    record.threads = outcome.threads;
     record.max_rss_bytes = outcome.run.max_rss_bytes;
     record.lineage_parents = lineage_of(task);
     record.replay_of = options.replay_of;
+    record.extra = {{"io_threads", options.io_threads},
+                    {"prefetch_depth", options.prefetch_depth},
+                    {"verify_reads", options.verify_reads == mpi::VerifyReads::kAll   ? "all"
+                                     : options.verify_reads == mpi::VerifyReads::kOff ? "off"
+                                                                                      : "first"},
+                    {"resume",
+                     {{"resumed", resumed != 0},
+                      {"blocks_total", outcome.run.blocks_total},
+                      {"blocks_kept", outcome.run.blocks_resumed},
+                      {"blocks_rejected", outcome.run.blocks_rejected},
+                      {"bytes_checked", outcome.run.bytes_resume_check}}},
+                    {"kernel_io",
+                     {{"available", kio.available},
+                      {"rchar", k_rchar},
+                      {"wchar", k_wchar},
+                      {"read_bytes", k_read},
+                      {"write_bytes", k_write}}}};
     outcome.total_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
         options.plan_seconds;
     record.timings = {
-        {"plan", options.plan_seconds},           {"threshold_prepass", prepass_seconds},
+        {"plan", options.plan_seconds},           {"threshold_scan", outcome.run.scan_seconds},
         {"merge", outcome.run.merge_seconds},     {"read_wait", outcome.run.read_wait_seconds},
         {"compute", outcome.run.compute_seconds}, {"write", outcome.run.write_seconds},
         {"total", outcome.total_seconds}};
@@ -154,8 +223,6 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
     staging->publish();
   });
   comm.check(failure, "publish output");
-  outcome.run.bytes.base += prepass_base;
-  outcome.run.bytes.expert += prepass_expert;
   return outcome;
 }
 

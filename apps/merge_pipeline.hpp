@@ -1,5 +1,6 @@
 #pragma once
-// The common tail of `merge` and `replay`: broadcast the task, stage, run, finalise, publish.
+// The common tail of `merge` and `replay`: broadcast the task, stage (or resume), run, finalise,
+// publish; and the options both take.
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -9,16 +10,20 @@
 #include "commands.hpp"
 #include "mergepipe/merge_task.hpp"
 #include "mergepipe/mpi/merge_run.hpp"
+#include "output_style.hpp"
 
 namespace mergepipe::app {
 
 struct PipelineOptions {
   std::string out;
   bool force = false;
-  int threads = 1;
+  int threads = 0;  // 0: the node's cores shared by its ranks
+  int io_threads = 4;
   int prefetch_depth = 2;
   bool allow_nonfinite = false;
-  bool quiet = false;
+  bool resume = true;
+  mpi::VerifyReads verify_reads = mpi::VerifyReads::kFirstPerFile;
+  OutputStyle style;
   std::vector<std::pair<std::string, std::string>> mpiio_hints;
   std::string catalog_path;
   std::uint64_t catalog_bytes = 0;
@@ -27,10 +32,23 @@ struct PipelineOptions {
   double plan_seconds = 0;
 };
 
+// Command-line text of the options merge and replay share, before validation.
+struct RunOptionText {
+  std::vector<std::string> hints;
+  std::string verify_reads = "first";
+  bool no_resume = false;
+  OutputStyleText style;
+};
+void add_run_options(po::options_description& desc, PipelineOptions& options, RunOptionText& text);
+// Validates the shared options into `options` (UsageError naming `command`).
+void finish_run_options(const RunOptionText& text, PipelineOptions& options,
+                        const std::string& command);
+
 struct PipelineOutcome {
   mpi::MergeRunResult run;
   nlohmann::ordered_json manifest;  // rank 0
   double total_seconds = 0;
+  int threads = 1;  // compute threads per rank actually used
 };
 
 // Collective. `task` must be complete on rank 0 (other ranks receive it).

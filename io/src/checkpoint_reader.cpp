@@ -26,16 +26,31 @@ CheckpointBlockReader::Opened CheckpointBlockReader::open(const CheckpointLocati
   return opened;
 }
 
+const CheckpointBlockReader::Opened& CheckpointBlockReader::opened(SourceId source) const {
+  return source.expert == SourceId::kBase ? base_
+                                          : experts_.at(static_cast<std::size_t>(source.expert));
+}
+
 void CheckpointBlockReader::read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
                                  std::span<std::byte> dst) {
-  const bool is_base = source.expert == SourceId::kBase;
-  const Opened& opened = is_base ? base_ : experts_.at(static_cast<std::size_t>(source.expert));
-  const CheckpointLocation& loc = *opened.location;
+  const Opened& o = opened(source);
+  const CheckpointLocation& loc = *o.location;
   if (tensor >= loc.tensor_file.size())
     throw InputError(loc.dir + ": no location for tensor #" + std::to_string(tensor));
-  const File& file = opened.files.at(loc.tensor_file[tensor]);
+  const File& file = o.files.at(loc.tensor_file[tensor]);
   file.read_at(loc.tensor_offset[tensor] + byte_begin, dst);
-  counters_.add(is_base ? ByteCategory::kBase : ByteCategory::kExpert, dst.size());
+  counters_.add(source.expert == SourceId::kBase ? ByteCategory::kBase : ByteCategory::kExpert,
+                dst.size());
+}
+
+std::string CheckpointBlockReader::describe(SourceId source, std::uint32_t tensor,
+                                            std::uint64_t byte_begin, std::uint64_t length) const {
+  const Opened& o = opened(source);
+  const CheckpointLocation& loc = *o.location;
+  if (tensor >= loc.tensor_file.size()) return loc.dir;
+  const std::uint64_t offset = loc.tensor_offset[tensor] + byte_begin;
+  return o.files.at(loc.tensor_file[tensor]).path() + " bytes " + std::to_string(offset) + ".." +
+         std::to_string(offset + length);
 }
 
 }  // namespace mergepipe::io

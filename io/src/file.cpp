@@ -37,6 +37,9 @@ File::File(const std::string& path, Mode mode) : path_(path) {
     case Mode::kReadWrite:
       flags |= O_RDWR | O_CREAT;
       break;
+    case Mode::kAppend:
+      flags |= O_WRONLY | O_CREAT | O_APPEND;
+      break;
   }
   fd_ = ::open(path.c_str(), flags, 0644);
   if (fd_ < 0) throw_open_error(path, errno);
@@ -94,6 +97,20 @@ void File::write_at(std::uint64_t offset, std::span<const std::byte> src) const 
                     std::to_string(offset + done) + " failed: " + errno_text(err));
     }
     done += static_cast<std::size_t>(put);
+  }
+}
+
+void File::append(std::span<const std::byte> src) const {
+  for (;;) {
+    const ssize_t put = ::write(fd_, src.data(), src.size());
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0)
+      throw IoError(path_ + ": append of " + std::to_string(src.size()) +
+                    " bytes failed: " + errno_text(errno));
+    if (static_cast<std::size_t>(put) != src.size())
+      throw IoError(path_ + ": append of " + std::to_string(src.size()) + " bytes wrote only " +
+                    std::to_string(put) + " (disk full?)");
+    return;
   }
 }
 

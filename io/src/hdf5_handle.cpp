@@ -1,7 +1,6 @@
 #include "mergepipe/io/hdf5_handle.hpp"
 
-#include "mergepipe/error.hpp"
-
+#include <filesystem>
 #include <mutex>
 
 #include "mergepipe/error.hpp"
@@ -36,6 +35,14 @@ bool Handle::reset() noexcept {
   }
   id_ = H5I_INVALID_HID;
   return rc >= 0;
+}
+
+bool file_opens(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  silence_hdf5_errors();
+  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), Kind::kFile);
+  return file.valid();
 }
 
 void silence_hdf5_errors() {

@@ -18,6 +18,17 @@ namespace fs = std::filesystem;
 
 namespace {
 constexpr const char* kLockName = ".mergepipe.lock";
+constexpr const char* kResumeName = "mergepipe.resume.json";
+constexpr const char* kResumeFormat = "mergepipe-resume-1";
+
+// Files of the staging folder that are bookkeeping, not output.
+bool is_bookkeeping(const std::string& name) {
+  return name == kLockName || name == kResumeName || name.rfind("journal-", 0) == 0;
+}
+
+std::string resume_record(const std::string& key) {
+  return std::string("{\"format\": \"") + kResumeFormat + "\", \"task\": \"" + key + "\"}\n";
+}
 
 std::string normalized(const std::string& target) {
   std::string t = target;
@@ -41,8 +52,8 @@ void copy_file(const std::string& from, const std::string& to) {
   write_text_file(to, read_text_file(from));
 }
 
-StagingFolder::StagingFolder(const std::string& target, bool replace)
-    : target_(normalized(target)), path_(staging_path_for(target)), replace_(replace) {
+StagingFolder::StagingFolder(const std::string& target, const StagingOptions& options)
+    : target_(normalized(target)), path_(staging_path_for(target)), replace_(options.replace) {
   std::error_code ec;
   if (fs::exists(target_, ec) && !replace_) {
     throw UsageError(target_ + ": output folder already exists (pass --force to replace it)");
@@ -63,9 +74,18 @@ StagingFolder::StagingFolder(const std::string& target, bool replace)
     throw IoError(target_ + ": another merge is writing this output right now (lock held on " +
                   lock_path + ")");
   }
-  // A leftover from a killed run: start clean (keep our lock file).
-  for (const auto& entry : fs::directory_iterator(path_)) {
-    if (entry.path().filename() != kLockName) fs::remove_all(entry.path());
+  // A leftover from a killed run: keep it when it holds this very task, else start clean (keep
+  // our lock file).
+  const std::string record_path = path_ + "/" + kResumeName;
+  if (options.resume && !options.resume_key.empty() && fs::exists(record_path, ec)) {
+    resumed_ = read_text_file(record_path) == resume_record(options.resume_key);
+  }
+  if (!resumed_) {
+    for (const auto& entry : fs::directory_iterator(path_)) {
+      if (entry.path().filename() != kLockName) fs::remove_all(entry.path());
+    }
+    if (!options.resume_key.empty())
+      write_text_file(record_path, resume_record(options.resume_key));
   }
 }
 
@@ -75,6 +95,10 @@ StagingFolder::~StagingFolder() {
 }
 
 void StagingFolder::publish() {
+  for (const auto& entry : fs::directory_iterator(path_)) {
+    const std::string name = entry.path().filename().string();
+    if (name != kLockName && is_bookkeeping(name)) fs::remove(entry.path());
+  }
   for (const auto& entry : fs::directory_iterator(path_)) {
     if (entry.is_regular_file() && entry.path().filename() != kLockName) {
       File(entry.path().string(), File::Mode::kRead).sync();

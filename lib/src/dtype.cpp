@@ -139,6 +139,12 @@ MERGEPIPE_KERNEL void bulk_bf16_to_f32(const std::byte* in, float* out, std::siz
     store_u32(out + i, static_cast<std::uint32_t>(load_u16(in + 2 * i)) << 16);
 }
 
+MERGEPIPE_KERNEL void bulk_bf16_delta(const std::byte* in, const float* base, float* out,
+                                      std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i)
+    out[i] = float_of(static_cast<std::uint32_t>(load_u16(in + 2 * i)) << 16) - base[i];
+}
+
 MERGEPIPE_KERNEL void bulk_f32_to_bf16(const float* in, std::byte* out, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t b = load_u32(in + i);
@@ -230,6 +236,13 @@ void convert_to_f32(DType src, const std::byte* in, float* out, std::size_t n) {
     default:
       throw InputError("cannot merge tensors of dtype " + std::string(dtype_name(src)));
   }
+}
+
+void convert_delta_to_f32(DType src, const std::byte* in, const float* base, float* out,
+                          std::size_t n) {
+  if (src == DType::kBF16) return bulk_bf16_delta(in, base, out, n);
+  convert_to_f32(src, in, out, n);
+  for (std::size_t i = 0; i < n; ++i) out[i] -= base[i];
 }
 
 void convert_from_f32(DType dst, const float* in, std::byte* out, std::size_t n) {

@@ -1,15 +1,11 @@
 #include "mergepipe/executor.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
-#include <deque>
-#include <exception>
-#include <memory>
-#include <mutex>
-#include <thread>
 #include <utility>
 
+#include "mergepipe/block_stats.hpp"
 #include "mergepipe/error.hpp"
 #include "mergepipe/hash.hpp"
 #include "mergepipe/worker_pool.hpp"
@@ -27,113 +23,6 @@ double seconds_since(Clock::time_point t0) {
 // L2 cache for K around 20, large enough to amortise the per-chunk work.
 constexpr std::size_t kChunkElems = 2048;
 
-// Raw bytes of one block: the base and every admitted expert.
-struct LoadedBlock {
-  std::uint32_t block = 0;
-  std::vector<std::byte> base;
-  std::vector<std::vector<std::byte>> experts;
-  std::vector<char> present;
-};
-
-// Reads blocks [begin, end) in order on its own thread, at most `depth` ahead of the consumer.
-class Prefetcher {
- public:
-  Prefetcher(const ExecutionJob& job, std::uint32_t begin, std::uint32_t end, BlockReader& reader)
-      : job_(job),
-        begin_(begin),
-        end_(end),
-        reader_(reader),
-        depth_(std::max(1, job.prefetch_depth)) {
-    for (int i = 0; i < depth_ + 1; ++i) free_.push_back(std::make_unique<LoadedBlock>());
-    thread_ = std::thread([this] { run(); });
-  }
-  ~Prefetcher() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
-  std::unique_ptr<LoadedBlock> pop(double& waited) {
-    const auto t0 = Clock::now();
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [this] { return !ready_.empty() || error_; });
-    waited += seconds_since(t0);
-    if (ready_.empty() && error_) std::rethrow_exception(error_);
-    auto block = std::move(ready_.front());
-    ready_.pop_front();
-    return block;
-  }
-  void recycle(std::unique_ptr<LoadedBlock> block) {
-    {
-      std::lock_guard lock(mutex_);
-      free_.push_back(std::move(block));
-    }
-    cv_.notify_all();
-  }
-  std::uint64_t base_bytes() const { return base_bytes_; }
-  std::uint64_t expert_bytes() const { return expert_bytes_; }
-
- private:
-  void run() {
-    try {
-      for (std::uint32_t b = begin_; b < end_; ++b) {
-        std::unique_ptr<LoadedBlock> slot;
-        {
-          std::unique_lock lock(mutex_);
-          cv_.wait(lock, [this] {
-            return stopping_ || (!free_.empty() && ready_.size() < std::size_t(depth_));
-          });
-          if (stopping_) return;
-          slot = std::move(free_.back());
-          free_.pop_back();
-        }
-        load(b, *slot);
-        {
-          std::lock_guard lock(mutex_);
-          ready_.push_back(std::move(slot));
-        }
-        cv_.notify_all();
-      }
-    } catch (...) {
-      std::lock_guard lock(mutex_);
-      error_ = std::current_exception();
-      cv_.notify_all();
-    }
-  }
-
-  void load(std::uint32_t b, LoadedBlock& slot) {
-    const Block& blk = job_.blocking->blocks[b];
-    slot.block = b;
-    slot.base.resize(blk.byte_length);
-    reader_.read(SourceId{}, blk.tensor, blk.byte_begin, slot.base);
-    base_bytes_ += blk.byte_length;
-    slot.experts.resize(job_.experts);
-    slot.present.assign(job_.experts, 0);
-    for (std::size_t k = 0; k < job_.experts; ++k) {
-      if (!job_.admitted(k, b)) continue;
-      slot.experts[k].resize(blk.byte_length);
-      reader_.read(SourceId{static_cast<int>(k)}, blk.tensor, blk.byte_begin, slot.experts[k]);
-      slot.present[k] = 1;
-      expert_bytes_ += blk.byte_length;
-    }
-  }
-
-  const ExecutionJob& job_;
-  const std::uint32_t begin_, end_;
-  BlockReader& reader_;
-  const int depth_;
-  std::thread thread_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<LoadedBlock>> ready_, free_;
-  std::exception_ptr error_;
-  bool stopping_ = false;
-  std::uint64_t base_bytes_ = 0, expert_bytes_ = 0;  // written by the prefetch thread only
-};
-
 // Per-worker scratch for one chunk.
 struct Scratch {
   std::vector<float> base, out;
@@ -144,11 +33,25 @@ struct Scratch {
 
 }  // namespace
 
-ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin,
-                              std::uint32_t block_end, BlockReader& reader, OutputSink& sink) {
+std::vector<std::uint32_t> block_range(std::uint32_t begin, std::uint32_t end) {
+  std::vector<std::uint32_t> blocks;
+  for (std::uint32_t b = begin; b < end; ++b) blocks.push_back(b);
+  return blocks;
+}
+
+std::uint64_t block_cost(const ExecutionJob& job, std::uint32_t b) {
+  const Block& blk = job.blocking->blocks[b];
+  std::uint64_t cost = blk.byte_length + blk.elem_count * dtype_size(job.out_dtypes[blk.tensor]);
+  for (std::size_t k = 0; k < job.experts; ++k)
+    if (job.admitted(k, b)) cost += blk.byte_length;
+  return cost;
+}
+
+ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::uint32_t>& blocks,
+                              BlockReader& reader, OutputSink& sink, ExecutionObserver* observer) {
   ExecutionStats stats;
-  stats.block_hashes.assign(block_end - block_begin, 0);
-  if (block_begin >= block_end) return stats;
+  stats.block_hashes.assign(blocks.size(), 0);
+  if (blocks.empty()) return stats;
 
   WorkerPool pool(job.threads);
   std::vector<Scratch> scratch(static_cast<std::size_t>(pool.size()));
@@ -158,11 +61,22 @@ ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin
     s.deltas.resize(job.experts * kChunkElems);
     s.pointers.resize(job.experts);
   }
+  std::vector<float> threshold_column(job.experts);
   std::vector<std::byte> out_bytes;
-  Prefetcher prefetcher(job, block_begin, block_end, reader);
+  StreamOptions stream_options;
+  stream_options.io_threads = job.io_threads;
+  stream_options.depth = job.prefetch_depth;
+  stream_options.wanted = job.admitted;
+  stream_options.check = job.check_read;
+  BlockStream stream(*job.blocking, blocks, job.experts, reader, std::move(stream_options));
 
-  for (std::uint32_t b = block_begin; b < block_end; ++b) {
-    auto loaded = prefetcher.pop(stats.read_wait_seconds);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (observer && observer->stop_requested()) {
+      stats.stopped = true;
+      break;
+    }
+    auto loaded = stream.next(stats.read_wait_seconds);
+    const std::uint32_t b = blocks[i];
     const Block& blk = job.blocking->blocks[b];
     const TensorInfo& tensor = (*job.tensors)[blk.tensor];
     const DType in_type = tensor.dtype;
@@ -174,12 +88,10 @@ ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin
     TensorContext tctx{job.name_keys[blk.tensor], {}};
     if (!job.thresholds.empty()) {
       // thresholds are [expert][tensor]; gather this tensor's column.
-      static thread_local std::vector<float> column;
-      column.resize(job.experts);
       const std::size_t tensors = job.tensors->size();
       for (std::size_t k = 0; k < job.experts; ++k)
-        column[k] = job.thresholds[k * tensors + blk.tensor];
-      tctx.thresholds = column;
+        threshold_column[k] = job.thresholds[k * tensors + blk.tensor];
+      tctx.thresholds = threshold_column;
     }
 
     const auto t0 = Clock::now();
@@ -198,16 +110,14 @@ ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin
             continue;
           }
           float* d = s.deltas.data() + k * kChunkElems;
-          convert_to_f32(in_type, loaded->experts[k].data() + first * in_size, d, n);
           // Δ = float(θ_k) − float(θ_0): the catalog's definition, so thresholds agree exactly.
-          for (std::size_t i = 0; i < n; ++i) d[i] -= s.base[i];
+          convert_delta_to_f32(in_type, loaded->experts[k].data() + first * in_size, s.base.data(),
+                               d, n);
           s.pointers[k] = d;
         }
         merge_block(job.op, tctx, blk.elem_begin + first, n, s.base.data(), s.pointers,
                     s.out.data());
-        std::uint64_t bad = 0;
-        for (std::size_t i = 0; i < n; ++i) bad += !std::isfinite(s.out[i]);
-        s.nonfinite += bad;
+        s.nonfinite += count_nonfinite(std::span<const float>(s.out.data(), n));
         convert_from_f32(out_type, s.out.data(), out_bytes.data() + first * out_size, n);
       }
     });
@@ -221,16 +131,21 @@ ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin
           " NaN/Inf values (an input holds non-finite weights; --allow-nonfinite to proceed)");
     }
     stats.nonfinite += nonfinite;
-    stats.block_hashes[b - block_begin] = hash64(out_bytes.data(), out_bytes.size());
-    prefetcher.recycle(std::move(loaded));
+    const std::uint64_t hash = hash64(out_bytes.data(), out_bytes.size());
+    stats.block_hashes[i] = hash;
+    std::uint64_t moved = blk.byte_length + out_bytes.size();
+    for (std::size_t k = 0; k < job.experts; ++k) moved += loaded->present[k] ? blk.byte_length : 0;
+    stream.recycle(std::move(loaded));
 
     const auto t1 = Clock::now();
     sink.write(blk.tensor, blk.elem_begin, out_bytes);
     stats.write_seconds += seconds_since(t1);
     stats.output_bytes += out_bytes.size();
+    ++stats.blocks_done;
+    if (observer) observer->block_done(b, hash, moved);
   }
-  stats.base_bytes = prefetcher.base_bytes();
-  stats.expert_bytes = prefetcher.expert_bytes();
+  stats.base_bytes = stream.base_bytes();
+  stats.expert_bytes = stream.expert_bytes();
   return stats;
 }
 

@@ -104,6 +104,7 @@ ojson make_manifest(const ManifestRecord& r) {
   for (const auto& [k, v] : r.timings) timings[k] = v;
   m["timings"] = timings;
   m["peak_rss_bytes"] = r.max_rss_bytes;
+  for (const auto& [key, value] : r.extra.items()) m[key] = value;
   m["plan"] = r.plan_json;
   return m;
 }

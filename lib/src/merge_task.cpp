@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "mergepipe/error.hpp"
+#include "mergepipe/hash.hpp"
 
 namespace mergepipe {
 
@@ -57,9 +58,22 @@ std::string serialize_task(const MergeTask& task) {
     MergeTask& t = const_cast<MergeTask&>(task);  // cereal's save path takes non-const refs here
     std::string plan = serialize_plan(t.plan);
     ar(t.spec, plan, t.tensors, t.block_bytes, t.base, t.experts, t.out_dtypes, t.format,
-       t.max_shard_bytes, t.full_read);
+       t.max_shard_bytes, t.full_read, t.expert_block_hashes, t.base_block_hashes);
   }
   return os.str();
+}
+
+std::string task_identity(const MergeTask& task) {
+  std::ostringstream os;
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    MergeTask& t = const_cast<MergeTask&>(task);
+    std::string plan_hash = t.plan.hash;  // the canonical plan, without its timing
+    ar(t.spec, plan_hash, t.tensors, t.block_bytes, t.base, t.experts, t.out_dtypes, t.format,
+       t.max_shard_bytes, t.full_read);
+  }
+  const std::string bytes = os.str();
+  return hash128_hex(bytes.data(), bytes.size());
 }
 
 MergeTask deserialize_task(const std::string& bytes) {
@@ -69,7 +83,7 @@ MergeTask deserialize_task(const std::string& bytes) {
     cereal::PortableBinaryInputArchive ar(is);
     std::string plan;
     ar(t.spec, plan, t.tensors, t.block_bytes, t.base, t.experts, t.out_dtypes, t.format,
-       t.max_shard_bytes, t.full_read);
+       t.max_shard_bytes, t.full_read, t.expert_block_hashes, t.base_block_hashes);
     t.plan = deserialize_plan(plan);
   } catch (const cereal::Exception& e) {
     throw InputError(std::string("corrupt merge task: ") + e.what());

@@ -15,6 +15,7 @@
 #include "mergepipe/io/checkpoint_location.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hf_folder.hpp"
+#include "mergepipe/mpi/packing.hpp"
 #include "mergepipe/mpi/partition.hpp"
 #include "mergepipe/structure_match.hpp"
 #include "mergepipe/worker_pool.hpp"
@@ -49,18 +50,6 @@ Checkpoint open_expert(const std::string& dir, const std::vector<TensorInfo>& ba
                      " (an expert must have the base's tensor names, shapes and dtypes)");
   }
   return ckpt;
-}
-
-int auto_threads(const Comm& comm) {
-  MPI_Comm node = MPI_COMM_NULL;
-  int local_ranks = 1;
-  if (MPI_Comm_split_type(comm.handle(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &node) ==
-      MPI_SUCCESS) {
-    MPI_Comm_size(node, &local_ranks);
-    MPI_Comm_free(&node);
-  }
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::max(1, static_cast<int>(cores) / std::max(1, local_ranks));
 }
 
 // A run of consecutive blocks of one tensor, read with one request per checkpoint.
@@ -125,51 +114,6 @@ struct RankResult {
   std::vector<std::uint64_t> nonfinite;              // [expert]
 };
 
-// Flat little-endian-in-practice packing for the gather (all ranks run the same binary).
-class Packer {
- public:
-  template <typename T>
-  void put(const T& v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    out.append(reinterpret_cast<const char*>(&v), sizeof v);
-  }
-  template <typename T>
-  void put_vector(const std::vector<T>& v) {
-    put<std::uint64_t>(v.size());
-    out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-  }
-  std::string out;
-};
-
-class Unpacker {
- public:
-  explicit Unpacker(const std::string& in) : in_(in) {}
-  template <typename T>
-  T get() {
-    T v;
-    need(sizeof v);
-    std::memcpy(&v, in_.data() + pos_, sizeof v);
-    pos_ += sizeof v;
-    return v;
-  }
-  template <typename T>
-  std::vector<T> get_vector() {
-    const auto n = get<std::uint64_t>();
-    need(n * sizeof(T));
-    std::vector<T> v(n);
-    std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
-    pos_ += n * sizeof(T);
-    return v;
-  }
-
- private:
-  void need(std::size_t n) const {
-    if (in_.size() - pos_ < n) throw std::runtime_error("catalog build: truncated rank result");
-  }
-  const std::string& in_;
-  std::size_t pos_ = 0;
-};
-
 std::string pack(const RankResult& r) {
   Packer p;
   p.put(r.range.begin);
@@ -196,7 +140,7 @@ std::string pack(const RankResult& r) {
 
 // Adds one rank's result into the new experts of `catalog` (rank 0).
 void unpack_into(const std::string& bytes, Catalog& catalog, std::size_t first_new) {
-  Unpacker u(bytes);
+  Unpacker u(bytes, "catalog build: rank result");
   BlockRange range;
   range.begin = u.get<std::uint32_t>();
   range.end = u.get<std::uint32_t>();
@@ -430,7 +374,7 @@ Catalog build_catalog(const Comm& comm, const CatalogBuildOptions& options) {
   for (const Block& b : cat.blocking.blocks) costs.push_back(b.byte_length);
   const BlockRange mine =
       partition_by_cost(costs, comm.size())[static_cast<std::size_t>(comm.rank())];
-  const int threads = options.threads > 0 ? options.threads : auto_threads(comm);
+  const int threads = options.threads > 0 ? options.threads : comm.default_threads();
 
   std::string packed;
   comm.check(capture_failure([&] {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <thread>
 
 namespace mergepipe::mpi {
 
@@ -61,6 +62,22 @@ Comm::~Comm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (owned_ && comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+int Comm::ranks_on_node() const {
+  MPI_Comm node = MPI_COMM_NULL;
+  int local_ranks = 1;
+  if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
+      MPI_SUCCESS) {
+    MPI_Comm_size(node, &local_ranks);
+    MPI_Comm_free(&node);
+  }
+  return local_ranks;
+}
+
+int Comm::default_threads() const {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::max(1, static_cast<int>(cores) / std::max(1, ranks_on_node()));
 }
 
 void Comm::barrier(const char* hint) const {

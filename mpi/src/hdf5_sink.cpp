@@ -48,11 +48,12 @@ struct Hdf5Sink::State {
   h5::Handle file;
   std::vector<h5::Handle> types;
   std::vector<h5::Handle> datasets;
+  std::vector<std::uint64_t> offsets;  // per dataset: file offset of its contiguous data
   h5::Handle transfer;
 };
 
 Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors,
-                   const std::string& path)
+                   const std::string& path, bool reopen)
     : state_(std::make_unique<State>()) {
   h5::silence_hdf5_errors();
   State& s = *state_;
@@ -67,10 +68,20 @@ Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors,
   h5::check_status(H5Pset_coll_metadata_write(fapl.get(), true), "H5Pset_coll_metadata_write",
                    path);
   h5::check_status(H5Pset_alignment(fapl.get(), 1 << 20, 1 << 20), "H5Pset_alignment", path);
-  s.file = h5::checked(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
-                       h5::Kind::kFile, "H5Fcreate", path);
+  if (reopen) {
+    s.file = h5::checked(H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl.get()), h5::Kind::kFile,
+                         "H5Fopen", path);
+  } else {
+    // No modification times in object headers: the same merge gives the same file bytes.
+    h5::Handle fcpl =
+        h5::checked(H5Pcreate(H5P_FILE_CREATE), h5::Kind::kPropertyList, "H5Pcreate", path);
+    h5::check_status(H5Pset_obj_track_times(fcpl.get(), false), "H5Pset_obj_track_times", path);
+    s.file = h5::checked(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
+                         h5::Kind::kFile, "H5Fcreate", path);
+  }
   h5::Handle dcpl =
       h5::checked(H5Pcreate(H5P_DATASET_CREATE), h5::Kind::kPropertyList, "H5Pcreate", path);
+  h5::check_status(H5Pset_obj_track_times(dcpl.get(), false), "H5Pset_obj_track_times", path);
   h5::check_status(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), "H5Pset_layout", path);
   h5::check_status(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time", path);
   h5::check_status(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time", path);
@@ -78,6 +89,11 @@ Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors,
   for (const TensorInfo& t : tensors) {
     const std::string context = path + ": dataset " + t.name;
     s.types.push_back(make_file_type(t.dtype, context));
+    if (reopen) {
+      s.datasets.push_back(h5::checked(H5Dopen2(s.file.get(), t.name.c_str(), H5P_DEFAULT),
+                                       h5::Kind::kDataset, "H5Dopen2", context));
+      continue;
+    }
     h5::Handle space;
     if (t.shape.empty()) {
       space = h5::checked(H5Screate(H5S_SCALAR), h5::Kind::kDataspace, "H5Screate", context);
@@ -90,6 +106,15 @@ Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors,
                                                 space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                                      h5::Kind::kDataset, "H5Dcreate2", context));
   }
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const haddr_t offset = H5Dget_offset(s.datasets[t].get());
+    if (offset == HADDR_UNDEF && tensors[t].numel() > 0)
+      throw IoError(path + ": dataset " + tensors[t].name + " has no contiguous storage");
+    s.offsets.push_back(offset == HADDR_UNDEF ? 0 : static_cast<std::uint64_t>(offset));
+  }
+  // The skeleton reaches the file now, so a run killed later leaves a file a resumed run can
+  // reopen.
+  h5::check_status(H5Fflush(s.file.get(), H5F_SCOPE_GLOBAL), "H5Fflush", path);
   // Blocks differ per rank and per dataset, so data goes out as independent hyperslab writes
   // (no type conversion: memory and file types are identical).
   s.transfer = h5::checked(H5Pcreate(H5P_DATASET_XFER), h5::Kind::kPropertyList, "H5Pcreate", path);
@@ -121,6 +146,11 @@ void Hdf5Sink::write(std::uint32_t tensor, std::uint64_t elem_begin,
                      "H5Dwrite", context);
   }
   io::global_byte_counters().add(io::ByteCategory::kOutputWritten, bytes.size());
+}
+
+OutputLocation Hdf5Sink::locate(std::uint32_t tensor, std::uint64_t elem_begin) const {
+  const State& s = *state_;
+  return {s.path, s.offsets[tensor] + elem_begin * dtype_size(s.tensors[tensor].dtype)};
 }
 
 void Hdf5Sink::finish() {

@@ -2,20 +2,37 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
-#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
 
 #include "mergepipe/blocking.hpp"
 #include "mergepipe/error.hpp"
 #include "mergepipe/executor.hpp"
+#include "mergepipe/hash.hpp"
 #include "mergepipe/io/checkpoint_reader.hpp"
+#include "mergepipe/io/file.hpp"
+#include "mergepipe/io/hdf5_handle.hpp"
 #include "mergepipe/io/output_layout.hpp"
+#include "mergepipe/io/resume_journal.hpp"
 #include "mergepipe/mpi/output_sinks.hpp"
+#include "mergepipe/mpi/packing.hpp"
 #include "mergepipe/mpi/partition.hpp"
+#include "mergepipe/mpi/run_monitor.hpp"
+#include "mergepipe/threshold_scan.hpp"
 
 namespace mergepipe::mpi {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 std::uint64_t peak_rss_bytes() {
   struct rusage usage {};
@@ -23,86 +40,375 @@ std::uint64_t peak_rss_bytes() {
   return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-std::vector<std::uint64_t> block_costs(const MergeTask& task, const Blocking& blocking) {
-  std::vector<std::uint64_t> costs(blocking.blocks.size());
-  for (std::size_t b = 0; b < costs.size(); ++b) {
-    const Block& blk = blocking.blocks[b];
-    std::uint64_t c = blk.byte_length + blk.elem_count * dtype_size(task.out_dtypes[blk.tensor]);
-    for (std::size_t k = 0; k < task.experts.size(); ++k)
-      if (task.plan.admitted(k, b)) c += blk.byte_length;
-    costs[b] = c;
+using BlockHashes = std::map<std::uint32_t, std::uint64_t>;
+
+std::string pack_hashes(const BlockHashes& hashes) {
+  Packer p;
+  for (const auto& [block, hash] : hashes) {
+    p.put(block);
+    p.put(hash);
   }
-  return costs;
+  return p.out;
 }
 
-std::string pack_u64(const std::vector<std::uint64_t>& values) {
-  std::string s(values.size() * 8, '\0');
-  std::memcpy(s.data(), values.data(), s.size());
-  return s;
+void unpack_hashes(const std::string& bytes, BlockHashes& into) {
+  Unpacker u(bytes, "merge: block hashes");
+  while (!u.done()) {
+    const auto block = u.get<std::uint32_t>();
+    into[block] = u.get<std::uint64_t>();
+  }
+}
+
+using Thresholds = std::map<std::uint32_t, std::vector<float>>;  // tensor -> per expert
+
+std::string pack_thresholds(const Thresholds& thresholds) {
+  Packer p;
+  for (const auto& [tensor, values] : thresholds) {
+    p.put(tensor);
+    p.put_vector(values);
+  }
+  return p.out;
+}
+
+void unpack_thresholds(const std::string& bytes, Thresholds& into) {
+  Unpacker u(bytes, "merge: thresholds");
+  while (!u.done()) {
+    const auto tensor = u.get<std::uint32_t>();
+    into[tensor] = u.get_vector<float>();
+  }
+}
+
+// Checks reads against the catalog's content hashes (SPEC §2: a block hash per expert block).
+class ReadVerifier {
+ public:
+  ReadVerifier(const MergeTask& task, const Blocking& blocking, VerifyReads mode)
+      : task_(task), blocking_(blocking), mode_(mode) {}
+  bool active() const {
+    return mode_ != VerifyReads::kOff &&
+           (!task_.expert_block_hashes.empty() || !task_.base_block_hashes.empty());
+  }
+  void check(const BlockReader& reader, SourceId source, std::uint32_t block,
+             std::span<const std::byte> bytes) {
+    const std::vector<std::uint64_t>* expected =
+        source.expert == SourceId::kBase
+            ? &task_.base_block_hashes
+            : &task_.expert_block_hashes.at(static_cast<std::size_t>(source.expert));
+    if (expected->empty()) return;
+    const Block& blk = blocking_.blocks[block];
+    if (mode_ == VerifyReads::kFirstPerFile) {
+      const CheckpointLocation& loc = source.expert == SourceId::kBase
+                                          ? task_.base
+                                          : task_.experts[static_cast<std::size_t>(source.expert)];
+      std::lock_guard lock(mutex_);
+      if (!seen_.insert({source.expert, loc.tensor_file[blk.tensor]}).second) return;
+    }
+    const std::uint64_t got = hash64(bytes.data(), bytes.size());
+    if (got == (*expected)[block]) return;
+    throw InputError(reader.describe(source, blk.tensor, blk.byte_begin, blk.byte_length) +
+                     ": block " + std::to_string(block) + " of tensor '" +
+                     task_.tensors[blk.tensor].name + "' does not match the catalog (hash " +
+                     hex64(got) + ", catalogued " + hex64((*expected)[block]) +
+                     "): the file changed after it was catalogued (rebuild the catalog) or the "
+                     "storage returned wrong data");
+  }
+
+ private:
+  const MergeTask& task_;
+  const Blocking& blocking_;
+  const VerifyReads mode_;
+  std::mutex mutex_;
+  std::set<std::pair<int, std::uint32_t>> seen_;  // (source, file index) already checked
+};
+
+// Journal, progress and stop requests around execute_blocks.
+class RankObserver : public ExecutionObserver {
+ public:
+  RankObserver(io::JournalWriter& journal, RunMonitor& monitor, BlockHashes& done)
+      : journal_(journal), monitor_(monitor), done_(done) {}
+  void block_done(std::uint32_t block, std::uint64_t output_hash,
+                  std::uint64_t bytes_moved) override {
+    journal_.block_done(block, output_hash);
+    done_[block] = output_hash;
+    monitor_.add(bytes_moved);
+  }
+  bool stop_requested() override { return monitor_.stop_requested(); }
+
+ private:
+  io::JournalWriter& journal_;
+  RunMonitor& monitor_;
+  BlockHashes& done_;
+};
+
+// The journal claims of an interrupted run that the staged output bears out. Collective: the
+// claims are spread over the ranks by bytes, each rank reads its share back and hashes it.
+BlockHashes check_resume_claims(const Comm& comm, const MergeTask& task, const Blocking& blocking,
+                                const StagedOutput& output, const BlockHashes& claims,
+                                std::uint64_t& bytes_read) {
+  std::vector<std::uint32_t> blocks;
+  std::vector<std::uint64_t> costs;
+  for (const auto& [block, hash] : claims) {
+    blocks.push_back(block);
+    const Block& blk = blocking.blocks[block];
+    costs.push_back(blk.elem_count * dtype_size(task.out_dtypes[blk.tensor]) + 1);
+  }
+  const BlockRange mine =
+      partition_by_cost(costs, comm.size())[static_cast<std::size_t>(comm.rank())];
+  BlockHashes confirmed;
+  auto failure = capture_failure([&] {
+    std::map<std::string, io::File> files;
+    std::vector<std::byte> bytes;
+    for (std::uint32_t i = mine.begin; i < mine.end; ++i) {
+      const Block& blk = blocking.blocks[blocks[i]];
+      const OutputLocation where = output.locate(blk.tensor, blk.elem_begin);
+      auto it = files.find(where.path);
+      if (it == files.end())
+        it = files.emplace(where.path, io::File(where.path, io::File::Mode::kRead)).first;
+      bytes.resize(blk.elem_count * dtype_size(task.out_dtypes[blk.tensor]));
+      try {
+        it->second.read_at(where.offset, bytes);
+      } catch (const InputError&) {
+        continue;  // the file is shorter than the claim: the block was never written
+      }
+      bytes_read += bytes.size();
+      if (hash64(bytes.data(), bytes.size()) == claims.at(blocks[i]))
+        confirmed[blocks[i]] = claims.at(blocks[i]);
+    }
+  });
+  comm.check(failure, "check the staged output of the interrupted run");
+  BlockHashes all;
+  for (const std::string& part : comm.allgather(pack_hashes(confirmed), "gather resume checks"))
+    unpack_hashes(part, all);
+  return all;
+}
+
+// Groups consecutive tensors into windows of at most `limit` input bytes (one tensor at least).
+std::vector<std::vector<std::uint32_t>> make_windows(const std::vector<std::uint32_t>& tensors,
+                                                     const std::vector<TensorInfo>& infos,
+                                                     std::size_t sources, std::uint64_t limit) {
+  std::vector<std::vector<std::uint32_t>> windows;
+  std::uint64_t bytes = 0;
+  for (std::uint32_t t : tensors) {
+    const std::uint64_t b = infos[t].nbytes() * sources;
+    if (windows.empty() || bytes + b > limit) {
+      windows.emplace_back();
+      bytes = 0;
+    }
+    windows.back().push_back(t);
+    bytes += b;
+  }
+  return windows;
 }
 
 }  // namespace
 
 MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRunOptions& options) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
   if (task.plan.block_count != blocking.blocks.size()) {
     throw InputError("plan covers " + std::to_string(task.plan.block_count) +
                      " blocks but the inputs have " + std::to_string(blocking.blocks.size()) +
                      " (plan made for another blocking)");
   }
+  const std::size_t experts = task.experts.size();
+  const std::size_t tensor_count = task.tensors.size();
   const std::vector<TensorInfo> out_tensors = task.output_tensors();
-  const std::vector<BlockRange> ranges =
-      partition_by_cost(block_costs(task, blocking), comm.size());
-  const BlockRange mine = ranges[static_cast<std::size_t>(comm.rank())];
+  const bool scan_thresholds_from_data =
+      task.full_read && uses_magnitude_trim(task.spec.method) && task.plan.thresholds.empty();
 
   ExecutionJob job = make_execution_job(task, blocking);
   job.threads = options.threads;
+  job.io_threads = options.io_threads;
   job.prefetch_depth = options.prefetch_depth;
   job.allow_nonfinite = options.allow_nonfinite;
+  if (scan_thresholds_from_data) job.thresholds.assign(experts * tensor_count, 0.0f);
 
-  const auto expert_access = task.full_read ? io::CheckpointBlockReader::ExpertAccess::kWholeFiles
-                                            : io::CheckpointBlockReader::ExpertAccess::kExactRanges;
   io::global_byte_counters().reset();
   MergeRunResult result;
-  ExecutionStats stats;
-  InfoHints hints(options.mpiio_hints);
+  result.blocks_total = blocking.blocks.size();
 
-  // Every rank streams its blocks into the sink; the sink is finished collectively only once
-  // every rank is known to have succeeded.
-  auto stream_into = [&](auto& sink) {
-    auto failure = capture_failure([&] {
-      io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(),
-                                       expert_access);
-      stats = execute_blocks(job, mine.begin, mine.end, reader, sink);
-    });
-    comm.check(failure, "merge");
-    sink.finish();
-  };
+  // The output files, created (or, resuming, reopened) collectively.
+  bool resume = options.resume;
+  InfoHints hints(options.mpiio_hints);
+  std::unique_ptr<io::OutputLayout> layout;
+  std::unique_ptr<StagedOutput> output;
   if (task.format == OutputFormat::kSafetensors) {
-    const io::OutputLayout layout = io::make_output_layout(out_tensors, task.max_shard_bytes);
-    result.files = layout.shard_names;
-    SafetensorsSink sink(comm, layout, options.output_dir, hints);
-    stream_into(sink);
+    layout = std::make_unique<io::OutputLayout>(
+        io::make_output_layout(out_tensors, task.max_shard_bytes));
+    result.files = layout->shard_names;
+    output = std::make_unique<SafetensorsSink>(comm, *layout, options.output_dir, hints);
   } else {
     result.files = {kHdf5OutputName};
-    Hdf5Sink sink(comm, out_tensors, options.output_dir + "/" + kHdf5OutputName);
-    stream_into(sink);
+    const std::string path = options.output_dir + "/" + kHdf5OutputName;
+    if (resume) {
+      // A run killed before its file skeleton reached the disk left nothing to reopen.
+      std::uint64_t opens = comm.is_root() && io::h5::file_opens(path) ? 1 : 0;
+      resume = comm.allreduce_max(opens, "probe the staged HDF5 file") == 1;
+    }
+    output = std::make_unique<Hdf5Sink>(comm, out_tensors, path, resume);
   }
 
-  // Output hashes: every rank's block hashes, in block order, on rank 0.
-  const auto parts = comm.gather(pack_u64(stats.block_hashes), 0, "gather output hashes");
-  if (comm.is_root()) {
-    std::vector<std::uint64_t> all(blocking.blocks.size());
-    for (int r = 0; r < comm.size(); ++r) {
-      const auto& p = parts[static_cast<std::size_t>(r)];
-      if (p.size() != (ranges[r].end - ranges[r].begin) * 8)
-        throw IoError("output hashes lost in gather");
-      std::memcpy(all.data() + ranges[r].begin, p.data(), p.size());
+  // What an interrupted run already did, checked against the bytes it left.
+  BlockHashes done;
+  Thresholds thresholds;
+  if (resume) {
+    std::string claims_bytes, thresholds_bytes;
+    auto failure = capture_failure([&] {
+      if (!comm.is_root()) return;
+      const io::JournalContents journal =
+          io::read_journals(options.output_dir, static_cast<std::uint32_t>(blocking.blocks.size()),
+                            static_cast<std::uint32_t>(tensor_count), experts);
+      claims_bytes = pack_hashes(BlockHashes(journal.blocks.begin(), journal.blocks.end()));
+      if (scan_thresholds_from_data)
+        thresholds_bytes =
+            pack_thresholds(Thresholds(journal.thresholds.begin(), journal.thresholds.end()));
+    });
+    comm.check(failure, "read the resume journals");
+    comm.broadcast(claims_bytes, 0, "broadcast resume claims");
+    comm.broadcast(thresholds_bytes, 0, "broadcast resume thresholds");
+    BlockHashes claims;
+    unpack_hashes(claims_bytes, claims);
+    unpack_thresholds(thresholds_bytes, thresholds);
+    std::uint64_t checked_bytes = 0;
+    done = check_resume_claims(comm, task, blocking, *output, claims, checked_bytes);
+    result.bytes_resume_check = comm.allreduce_sum(checked_bytes, "reduce resume bytes");
+    result.blocks_resumed = done.size();
+    result.blocks_rejected = claims.size() - done.size();
+  }
+  for (const auto& [tensor, values] : thresholds)
+    for (std::size_t k = 0; k < experts; ++k) job.thresholds[k * tensor_count + tensor] = values[k];
+
+  // This rank's share of what is left.
+  std::vector<std::uint32_t> remaining;
+  for (std::uint32_t b = 0; b < blocking.blocks.size(); ++b)
+    if (!done.count(b)) remaining.push_back(b);
+  std::vector<std::uint64_t> merge_cost(blocking.blocks.size(), 0);
+  for (std::uint32_t b : remaining) merge_cost[b] = block_cost(job, b);
+
+  std::vector<std::uint32_t> my_tensors;  // full-read TIES: whole tensors per rank
+  std::vector<std::uint32_t> my_blocks;
+  std::uint64_t total_bytes = 0;
+  if (scan_thresholds_from_data) {
+    std::vector<std::uint64_t> tensor_cost(tensor_count, 0);
+    for (std::uint32_t t = 0; t < tensor_count; ++t) {
+      for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i) {
+        const std::uint32_t b = blocking.first_block[t] + i;
+        tensor_cost[t] += merge_cost[b];
+        if (!thresholds.count(t)) tensor_cost[t] += blocking.blocks[b].byte_length * (experts + 1);
+      }
+      total_bytes += tensor_cost[t];
     }
-    for (std::size_t t = 0; t < task.tensors.size(); ++t) {
+    const BlockRange range =
+        partition_by_cost(tensor_cost, comm.size())[static_cast<std::size_t>(comm.rank())];
+    for (std::uint32_t t = range.begin; t < range.end; ++t)
+      if (tensor_cost[t] > 0 || !thresholds.count(t)) my_tensors.push_back(t);
+  } else {
+    std::vector<std::uint64_t> costs;
+    for (std::uint32_t b : remaining) costs.push_back(merge_cost[b]);
+    for (std::uint64_t c : costs) total_bytes += c;
+    const BlockRange range =
+        partition_by_cost(costs, comm.size())[static_cast<std::size_t>(comm.rank())];
+    my_blocks.assign(remaining.begin() + range.begin, remaining.begin() + range.end);
+  }
+
+  // Stream this rank's share.
+  RunMonitor monitor(comm, "merge", total_bytes, options.progress);
+  BlockHashes mine;
+  Thresholds scanned;
+  ExecutionStats stats;
+  double scan_seconds = 0;
+  auto failure = capture_failure([&] {
+    io::JournalWriter journal(options.output_dir, comm.rank());
+    io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(),
+                                     task.full_read
+                                         ? io::CheckpointBlockReader::ExpertAccess::kWholeFiles
+                                         : io::CheckpointBlockReader::ExpertAccess::kExactRanges);
+    ReadVerifier verifier(task, blocking, options.verify_reads);
+    if (verifier.active()) {
+      job.check_read = [&](SourceId source, std::uint32_t block, std::span<const std::byte> bytes) {
+        verifier.check(reader, source, block, bytes);
+      };
+    }
+    RankObserver observer(journal, monitor, mine);
+    auto add = [](ExecutionStats& into, const ExecutionStats& s) {
+      into.base_bytes += s.base_bytes;
+      into.expert_bytes += s.expert_bytes;
+      into.output_bytes += s.output_bytes;
+      into.nonfinite += s.nonfinite;
+      into.read_wait_seconds += s.read_wait_seconds;
+      into.compute_seconds += s.compute_seconds;
+      into.write_seconds += s.write_seconds;
+      into.stopped = into.stopped || s.stopped;
+    };
+    if (!scan_thresholds_from_data) {
+      stats = execute_blocks(job, my_blocks, reader, *output, &observer);
+      return;
+    }
+    ThresholdScan scan;
+    scan.blocking = &blocking;
+    scan.tensors = &task.tensors;
+    for (const ExpertSpec& e : task.spec.experts) scan.densities.push_back(e.density);
+    scan.threads = options.threads;
+    scan.io_threads = options.io_threads;
+    scan.prefetch_depth = options.prefetch_depth;
+    scan.on_block = [&](std::uint64_t bytes) { monitor.add(bytes); };
+    scan.stop_requested = [&] { return monitor.stop_requested(); };
+    for (const auto& window :
+         make_windows(my_tensors, task.tensors, experts + 1, options.window_bytes)) {
+      std::vector<std::uint32_t> unknown;
+      for (std::uint32_t t : window)
+        if (!thresholds.count(t)) unknown.push_back(t);
+      const auto ts = Clock::now();
+      const auto found = scan_thresholds(scan, unknown, reader);
+      scan_seconds += seconds_since(ts);
+      if (found.size() != unknown.size()) return;  // stopped: another rank failed
+      for (std::size_t i = 0; i < unknown.size(); ++i) {
+        const std::uint32_t t = unknown[i];
+        journal.thresholds(t, found[i]);
+        scanned[t] = found[i];
+        for (std::size_t k = 0; k < experts; ++k)
+          job.thresholds[k * tensor_count + t] = found[i][k];
+      }
+      std::vector<std::uint32_t> blocks;
+      for (std::uint32_t t : window)
+        for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i)
+          if (!done.count(blocking.first_block[t] + i))
+            blocks.push_back(blocking.first_block[t] + i);
+      add(stats, execute_blocks(job, blocks, reader, *output, &observer));
+      if (stats.stopped) return;
+    }
+  });
+  monitor.finish(failure.has_value());
+  comm.check(failure, "merge");
+  output->finish();
+
+  // Output hashes of every block on rank 0: the confirmed claims plus what each rank merged.
+  const auto parts = comm.gather(pack_hashes(mine), 0, "gather output hashes");
+  const auto threshold_parts = scan_thresholds_from_data
+                                   ? comm.gather(pack_thresholds(scanned), 0, "gather thresholds")
+                                   : std::vector<std::string>();
+  if (comm.is_root()) {
+    BlockHashes all = done;
+    for (const std::string& p : parts) unpack_hashes(p, all);
+    if (all.size() != blocking.blocks.size())
+      throw IoError("merge: output hashes of " +
+                    std::to_string(blocking.blocks.size() - all.size()) +
+                    " blocks were lost in the gather");
+    std::vector<std::uint64_t> flat(blocking.blocks.size());
+    for (const auto& [block, hash] : all) flat[block] = hash;
+    for (std::size_t t = 0; t < tensor_count; ++t) {
       result.tensor_hashes.push_back(combine_block_hashes(
-          std::span(all).subspan(blocking.first_block[t], blocking.block_count[t])));
+          std::span(flat).subspan(blocking.first_block[t], blocking.block_count[t])));
+    }
+    if (scan_thresholds_from_data) {
+      Thresholds known = thresholds;
+      for (const std::string& p : threshold_parts) unpack_thresholds(p, known);
+      if (known.size() != tensor_count)
+        throw IoError("merge: thresholds of " + std::to_string(tensor_count - known.size()) +
+                      " tensors were lost in the gather");
+      result.thresholds.assign(experts * tensor_count, 0.0f);
+      for (const auto& [tensor, values] : known)
+        for (std::size_t k = 0; k < experts; ++k)
+          result.thresholds[k * tensor_count + tensor] = values[k];
     }
   }
 
@@ -114,9 +420,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.read_wait_seconds = comm.allreduce_max(stats.read_wait_seconds, "reduce timings");
   result.compute_seconds = comm.allreduce_max(stats.compute_seconds, "reduce timings");
   result.write_seconds = comm.allreduce_max(stats.write_seconds, "reduce timings");
-  result.merge_seconds = comm.allreduce_max(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-      "reduce timings");
+  result.scan_seconds = comm.allreduce_max(scan_seconds, "reduce timings");
+  result.merge_seconds = comm.allreduce_max(seconds_since(t0), "reduce timings");
   result.max_rss_bytes = comm.allreduce_max(peak_rss_bytes(), "reduce rss");
   return result;
 }

@@ -6,7 +6,7 @@ namespace mergepipe::mpi {
 
 SafetensorsSink::SafetensorsSink(const Comm& comm, const io::OutputLayout& layout,
                                  const std::string& dir, const InfoHints& hints)
-    : layout_(layout) {
+    : layout_(layout), dir_(dir) {
   for (std::size_t s = 0; s < layout.shards.size(); ++s) {
     files_.push_back(
         std::make_unique<MpiFile>(comm, dir + "/" + layout.shard_names[s], true, hints));
@@ -24,6 +24,11 @@ void SafetensorsSink::write(std::uint32_t tensor, std::uint64_t elem_begin,
   const std::uint64_t offset = layout_.tensor_offset[tensor] + elem_begin * dtype_size(info.dtype);
   files_[layout_.tensor_shard[tensor]]->write_at(offset, bytes);
   io::global_byte_counters().add(io::ByteCategory::kOutputWritten, bytes.size());
+}
+
+OutputLocation SafetensorsSink::locate(std::uint32_t tensor, std::uint64_t elem_begin) const {
+  return {dir_ + "/" + layout_.shard_names[layout_.tensor_shard[tensor]],
+          layout_.tensor_offset[tensor] + elem_begin * dtype_size(layout_.tensors[tensor].dtype)};
 }
 
 void SafetensorsSink::finish() {

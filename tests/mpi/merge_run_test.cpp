@@ -119,7 +119,7 @@ bool serial_reference_matches(const MergeTask& task, const std::string& out,
   io::CheckpointBlockReader reader(task.base, task.experts, counters);
   MemorySink sink(task.tensors);
   const ExecutionStats stats =
-      execute_blocks(job, 0, std::uint32_t(blocking.blocks.size()), reader, sink);
+      execute_blocks(job, block_range(0, std::uint32_t(blocking.blocks.size())), reader, sink);
   bool ok = true;
   for (std::size_t t = 0; t < task.tensors.size(); ++t) {
     const std::string expect = combine_block_hashes(

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -18,7 +19,7 @@ class MemoryReader : public BlockReader {
  public:
   std::map<int, std::vector<std::vector<std::byte>>> data;
   int fail_at_read = -1;  // throw on this read (0-based), -1 never
-  int reads = 0;
+  std::atomic<int> reads{0};
   void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
             std::span<std::byte> dst) override {
     if (reads++ == fail_at_read)
@@ -26,6 +27,11 @@ class MemoryReader : public BlockReader {
     const auto& bytes = data.at(source.expert).at(tensor);
     ASSERT_LE(byte_begin + dst.size(), bytes.size());
     std::memcpy(dst.data(), bytes.data() + byte_begin, dst.size());
+  }
+  std::string describe(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+                       std::uint64_t length) const override {
+    return "memory source " + std::to_string(source.expert) + " tensor " + std::to_string(tensor) +
+           " bytes " + std::to_string(byte_begin) + "+" + std::to_string(length);
   }
 };
 
@@ -124,8 +130,8 @@ TEST(Executor, MatchesDirectMergeOfWholeTensors) {
     const ExecutionJob job = f.job(m, 2, 2);
     MemorySink sink = f.sink(job);
     f.reader.reads = 0;
-    const auto stats =
-        execute_blocks(job, 0, std::uint32_t(f.blocking.blocks.size()), f.reader, sink);
+    const auto stats = execute_blocks(job, block_range(0, std::uint32_t(f.blocking.blocks.size())),
+                                      f.reader, sink);
     // Reference: per block, the operator applied to exactly the admitted deltas.
     for (std::size_t b = 0; b < f.blocking.blocks.size(); ++b) {
       const Block& blk = f.blocking.blocks[b];
@@ -167,7 +173,7 @@ TEST(Executor, ThreadsPrefetchAndRangesDoNotChangeBytes) {
   const std::uint32_t blocks = std::uint32_t(f.blocking.blocks.size());
   const ExecutionJob one = f.job(MergeMethod::kDareTies, 1, 1);
   MemorySink ref = f.sink(one);
-  const auto ref_stats = execute_blocks(one, 0, blocks, f.reader, ref);
+  const auto ref_stats = execute_blocks(one, block_range(0, blocks), f.reader, ref);
   for (int threads : {2, 3}) {
     for (int prefetch : {1, 4}) {
       const ExecutionJob job = f.job(MergeMethod::kDareTies, threads, prefetch);
@@ -177,7 +183,7 @@ TEST(Executor, ThreadsPrefetchAndRangesDoNotChangeBytes) {
       for (auto [lo, hi] : {std::pair<std::uint32_t, std::uint32_t>{0, blocks / 3},
                             {blocks / 3, blocks / 2},
                             {blocks / 2, blocks}}) {
-        auto s = execute_blocks(job, lo, hi, f.reader, sink);
+        auto s = execute_blocks(job, block_range(lo, hi), f.reader, sink);
         hashes.insert(hashes.end(), s.block_hashes.begin(), s.block_hashes.end());
       }
       EXPECT_EQ(sink.out, ref.out) << threads << " threads, prefetch " << prefetch;
@@ -192,7 +198,7 @@ TEST(Executor, ReadFailureSurfacesAsTheReadersError) {
   const ExecutionJob job = f.job(MergeMethod::kLinear, 2, 2);
   MemorySink sink = f.sink(job);
   try {
-    execute_blocks(job, 0, std::uint32_t(f.blocking.blocks.size()), f.reader, sink);
+    execute_blocks(job, block_range(0, std::uint32_t(f.blocking.blocks.size())), f.reader, sink);
     FAIL() << "expected the injected failure";
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("injected read failure"), std::string::npos);
@@ -206,12 +212,13 @@ TEST(Executor, NonFiniteOutputIsRefusedUnlessAllowed) {
   for (auto& row : f.admitted) std::fill(row.begin(), row.end(), 1);
   ExecutionJob job = f.job(MergeMethod::kTaskArithmetic, 1, 2);
   MemorySink sink = f.sink(job);
-  EXPECT_THROW(execute_blocks(job, 0, std::uint32_t(f.blocking.blocks.size()), f.reader, sink),
-               InputError);
+  EXPECT_THROW(
+      execute_blocks(job, block_range(0, std::uint32_t(f.blocking.blocks.size())), f.reader, sink),
+      InputError);
   job.allow_nonfinite = true;
   MemorySink sink2 = f.sink(job);
   const auto stats =
-      execute_blocks(job, 0, std::uint32_t(f.blocking.blocks.size()), f.reader, sink2);
+      execute_blocks(job, block_range(0, std::uint32_t(f.blocking.blocks.size())), f.reader, sink2);
   EXPECT_EQ(stats.nonfinite, 1u);
 }
 

@@ -50,5 +50,9 @@ float f16_to_f32(std::uint16_t bits);
 // dtypes are accepted (others throw InputError). `in`/`out` need no particular alignment.
 void convert_to_f32(DType src, const std::byte* in, float* out, std::size_t n);
 void convert_from_f32(DType dst, const float* in, std::byte* out, std::size_t n);
+// out[i] = float(in[i]) - base[i]: an expert's delta against an fp32 base in one pass, the same
+// bits as convert_to_f32 followed by a subtraction. `out` must not alias `in`.
+void convert_delta_to_f32(DType src, const std::byte* in, const float* base, float* out,
+                          std::size_t n);
 
 }  // namespace mergepipe

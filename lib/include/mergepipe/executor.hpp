@@ -1,34 +1,21 @@
 #pragma once
-// The per-rank streaming executor: for each block of a contiguous range it reads the base block
-// and the admitted expert blocks (through BlockReader, on a prefetch thread so reads overlap
-// compute), merges in fp32 chunk by chunk over worker threads, converts to the output dtype and
-// hands the bytes to an OutputSink on the calling thread. Storage and MPI stay behind the two
-// interfaces (io/ and mpi/ implement them).
+// The per-rank streaming executor: for each block of a list it reads the base block and the
+// admitted expert blocks (through a BlockStream: several I/O threads, a bounded number of blocks
+// ahead, so reads overlap compute), merges in fp32 chunk by chunk over worker threads, converts
+// to the output dtype and hands the bytes to an OutputSink on the calling thread. Storage and MPI
+// stay behind the interfaces (io/ and mpi/ implement them).
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "mergepipe/block_stream.hpp"
 #include "mergepipe/blocking.hpp"
 #include "mergepipe/operators.hpp"
 #include "mergepipe/tensor.hpp"
 
 namespace mergepipe {
-
-// Which checkpoint a read is for: the base or expert k (plan order).
-struct SourceId {
-  static constexpr int kBase = -1;
-  int expert = kBase;
-};
-
-class BlockReader {
- public:
-  virtual ~BlockReader() = default;
-  // Reads dst.size() bytes of tensor `tensor` of `source`, starting `byte_begin` bytes into the
-  // tensor. Called from the prefetch thread; must be thread-compatible with the sink's thread.
-  virtual void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
-                    std::span<std::byte> dst) = 0;
-};
 
 class OutputSink {
  public:
@@ -37,6 +24,20 @@ class OutputSink {
   // Called on the thread that runs execute_blocks.
   virtual void write(std::uint32_t tensor, std::uint64_t elem_begin,
                      std::span<const std::byte> bytes) = 0;
+};
+
+// Told about every finished block, and asked between blocks whether to go on. Both calls happen
+// on the thread that runs execute_blocks.
+class ExecutionObserver {
+ public:
+  virtual ~ExecutionObserver() = default;
+  // Block `block`'s output is with the sink; `output_hash` = hash64 of its bytes; `bytes_moved` =
+  // its base, expert and output bytes.
+  virtual void block_done(std::uint32_t block, std::uint64_t output_hash,
+                          std::uint64_t bytes_moved) = 0;
+  // True ends the run before the next block (e.g. another rank failed); execute_blocks then
+  // returns with ExecutionStats::stopped set.
+  virtual bool stop_requested() { return false; }
 };
 
 struct ExecutionJob {
@@ -50,19 +51,32 @@ struct ExecutionJob {
   // admitted(k, b): read expert k's block b. Must be pure (called from several threads).
   std::function<bool(std::size_t, std::size_t)> admitted;
   int threads = 1;               // compute threads
+  int io_threads = 4;            // concurrent reads
   int prefetch_depth = 2;        // blocks read ahead
   bool allow_nonfinite = false;  // otherwise a NaN/Inf in the output is an InputError
+  // Optional check of every read (StreamOptions::check), e.g. against catalog hashes.
+  std::function<void(SourceId, std::uint32_t block, std::span<const std::byte>)> check_read;
 };
 
 struct ExecutionStats {
-  std::vector<std::uint64_t> block_hashes;  // per block of the range: hash64 of its output bytes
+  std::vector<std::uint64_t> block_hashes;  // parallel to the block list: hash64 of the output
+  std::size_t blocks_done = 0;              // < list size only when stopped
+  bool stopped = false;                     // the observer asked to stop
   std::uint64_t base_bytes = 0, expert_bytes = 0, output_bytes = 0;
   std::uint64_t nonfinite = 0;
   double read_wait_seconds = 0, compute_seconds = 0, write_seconds = 0;
 };
 
-ExecutionStats execute_blocks(const ExecutionJob& job, std::uint32_t block_begin,
-                              std::uint32_t block_end, BlockReader& reader, OutputSink& sink);
+// Merges the blocks of `blocks` (indices into job.blocking, in the order given).
+ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::uint32_t>& blocks,
+                              BlockReader& reader, OutputSink& sink,
+                              ExecutionObserver* observer = nullptr);
+
+// The block indices [begin, end).
+std::vector<std::uint32_t> block_range(std::uint32_t begin, std::uint32_t end);
+
+// Bytes block `b` moves when merged: base read + admitted expert reads + output write.
+std::uint64_t block_cost(const ExecutionJob& job, std::uint32_t b);
 
 // Combines per-block output hashes of one tensor (in block order) into the tensor's hash:
 // hash128_hex over the little-endian 64-bit block hashes. Zero-block tensors hash "".

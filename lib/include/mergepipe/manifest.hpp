@@ -33,6 +33,7 @@ struct ManifestRecord {
   std::uint64_t max_rss_bytes = 0;
   nlohmann::json lineage_parents = nlohmann::json::array();  // manifests of merged inputs
   std::string replay_of;  // plan hash of the manifest replayed, if any
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();  // more top-level keys
 };
 
 nlohmann::ordered_json make_manifest(const ManifestRecord& record);

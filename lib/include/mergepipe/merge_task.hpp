@@ -25,6 +25,10 @@ struct MergeTask {
   OutputFormat format = OutputFormat::kSafetensors;
   std::uint64_t max_shard_bytes = 0;
   bool full_read = false;  // naive baseline: every expert block read
+  // Catalog content hashes (hash64 of the stored bytes) to check reads against: per plan expert
+  // and block, and per block of the base. Empty when unknown (full reads, old catalogs).
+  std::vector<std::vector<std::uint64_t>> expert_block_hashes;
+  std::vector<std::uint64_t> base_block_hashes;
 
   std::vector<TensorInfo> output_tensors() const;  // tensors with out_dtypes applied
 };
@@ -33,6 +37,9 @@ struct MergeTask {
 ExecutionJob make_execution_job(const MergeTask& task, const Blocking& blocking);
 
 std::string serialize_task(const MergeTask& task);
+// What makes two tasks produce the same output files: everything but timings, as 32 hex digits.
+// A staging folder left by a killed run is resumed only by a task with the same identity.
+std::string task_identity(const MergeTask& task);
 MergeTask deserialize_task(const std::string& bytes);
 
 // Output dtype for a config dtype name ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32").

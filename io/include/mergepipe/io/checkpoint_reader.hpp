@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
+#include "mergepipe/block_stream.hpp"
 #include "mergepipe/catalog.hpp"
-#include "mergepipe/executor.hpp"
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/file.hpp"
 
@@ -23,6 +23,8 @@ class CheckpointBlockReader : public BlockReader {
                         ExpertAccess access = ExpertAccess::kExactRanges);
   void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
             std::span<std::byte> dst) override;
+  std::string describe(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+                       std::uint64_t length) const override;
 
  private:
   struct Opened {
@@ -30,6 +32,7 @@ class CheckpointBlockReader : public BlockReader {
     std::vector<File> files;
   };
   Opened open(const CheckpointLocation& location, bool sequential);
+  const Opened& opened(SourceId source) const;
 
   Opened base_;
   std::vector<Opened> experts_;

@@ -11,7 +11,12 @@ namespace mergepipe::io {
 
 class File {
  public:
-  enum class Mode { kRead, kCreateWrite /* O_CREAT|O_TRUNC */, kReadWrite /* O_CREAT, no trunc */ };
+  enum class Mode {
+    kRead,
+    kCreateWrite /* O_CREAT|O_TRUNC */,
+    kReadWrite /* O_CREAT, no trunc */,
+    kAppend /* O_CREAT|O_APPEND: each write lands whole at the end */
+  };
   File() = default;
   File(const std::string& path, Mode mode);  // throws IoError (missing file, permissions, ...)
   ~File();
@@ -25,6 +30,9 @@ class File {
   // early.
   void read_at(std::uint64_t offset, std::span<std::byte> dst) const;
   void write_at(std::uint64_t offset, std::span<const std::byte> src) const;
+  // kAppend files: one write(2) of all of `src` (short writes are an IoError, never retried in
+  // pieces, so a record is either whole or torn at the very end of the file).
+  void append(std::span<const std::byte> src) const;
   std::uint64_t size() const;
   void sync() const;  // fsync
   void truncate(std::uint64_t size) const;

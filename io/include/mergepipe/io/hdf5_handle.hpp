@@ -45,6 +45,10 @@ class Handle {
 // Idempotent; call before a sequence of HDF5 calls.
 void silence_hdf5_errors();
 
+// True when `path` exists and HDF5 can open it read-only (serial driver): a file left behind by a
+// killed writer may not be.
+bool file_opens(const std::string& path);
+
 // Returns `id` when valid, else throws IoError "HDF5 <call> failed for <context>".
 hid_t check_id(hid_t id, const char* call, const std::string& context);
 // Throws IoError "HDF5 <call> failed for <context>" when status < 0.

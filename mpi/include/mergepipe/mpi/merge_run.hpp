@@ -2,6 +2,15 @@
 // Runs a merge task on every rank of a communicator: partition the blocks by bytes, stream and
 // merge this rank's blocks, write them into the shared output files, gather the output hashes
 // and byte counts on rank 0. Collective: every rank calls it with the same task.
+//
+// Resume: when the output folder holds the journals of an interrupted run of the same task, the
+// blocks they claim are read back from the output files and hashed; the ones that match are kept
+// and only the rest is merged (the output is byte-identical to an uninterrupted run).
+//
+// A --full-read TIES task (no catalog) gets its trimming thresholds from the data: each rank
+// takes whole tensors and, window by window, scans the window's expert blocks for the thresholds
+// and then merges them; the second read of a window finds its bytes still in the page cache, so
+// storage is read once (a window is at most `window_bytes` of input, or one tensor).
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -10,24 +19,40 @@
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/merge_task.hpp"
 #include "mergepipe/mpi/comm.hpp"
+#include "mergepipe/progress.hpp"
 
 namespace mergepipe::mpi {
+
+// Which expert reads are checked against the catalog's block hashes.
+enum class VerifyReads { kOff, kFirstPerFile, kAll };
 
 struct MergeRunOptions {
   std::string output_dir;  // an existing (staging) folder; tensor files are written inside it
   int threads = 1;
+  int io_threads = 4;
   int prefetch_depth = 2;
   bool allow_nonfinite = false;
   std::vector<std::pair<std::string, std::string>> mpiio_hints;
+  bool resume = false;  // output_dir holds an earlier attempt of this task: keep what checks out
+  VerifyReads verify_reads = VerifyReads::kFirstPerFile;
+  std::uint64_t window_bytes = 4ull
+                               << 30;    // full-read TIES: input bytes per scan-then-merge window
+  ProgressListener* progress = nullptr;  // rank 0
 };
 
 struct MergeRunResult {
-  io::ByteCounts bytes;                    // summed over ranks
+  io::ByteCounts bytes;                    // summed over ranks (this run's reads and writes)
   std::vector<std::string> tensor_hashes;  // rank 0: per tensor (combine_block_hashes)
   std::vector<std::string> files;          // output data files written (names in output_dir)
+  std::vector<float> thresholds;           // rank 0, full-read TIES: [expert][tensor] from data
   double merge_seconds = 0;                // slowest rank
   double read_wait_seconds = 0, compute_seconds = 0, write_seconds = 0;  // slowest rank
+  double scan_seconds = 0;          // slowest rank: full-read TIES threshold scans
   std::uint64_t max_rss_bytes = 0;  // largest peak RSS over ranks
+  std::uint64_t blocks_total = 0;
+  std::uint64_t blocks_resumed = 0;      // kept from an interrupted run after checking their bytes
+  std::uint64_t blocks_rejected = 0;     // claimed by a journal but their bytes did not match
+  std::uint64_t bytes_resume_check = 0;  // output bytes read back to check those claims
 };
 
 MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRunOptions& options);

@@ -11,31 +11,50 @@
 
 namespace mergepipe::mpi {
 
+// Where an output element's bytes lie on disk (the resume check reads them back from there).
+struct OutputLocation {
+  std::string path;
+  std::uint64_t offset = 0;
+};
+
+// The output of a merge, written in place by every rank into files shared by all ranks.
+class StagedOutput : public OutputSink {
+ public:
+  virtual OutputLocation locate(std::uint32_t tensor, std::uint64_t elem_begin) const = 0;
+  virtual void finish() = 0;  // collective, on success only
+};
+
 // safetensors shards via MPI-IO: collective open of every shard, rank 0 writes the headers,
 // every rank writes its blocks at offsets fixed by the layout (independent explicit-offset
 // writes), then a collective set_size + sync + close.
-class SafetensorsSink : public OutputSink {
+// Opening an existing shard (a resumed run) keeps its bytes.
+class SafetensorsSink : public StagedOutput {
  public:
   SafetensorsSink(const Comm& comm, const io::OutputLayout& layout, const std::string& dir,
                   const InfoHints& hints);
   void write(std::uint32_t tensor, std::uint64_t elem_begin,
              std::span<const std::byte> bytes) override;
-  void finish();  // collective
+  OutputLocation locate(std::uint32_t tensor, std::uint64_t elem_begin) const override;
+  void finish() override;
 
  private:
   const io::OutputLayout& layout_;
+  std::string dir_;
   std::vector<std::unique_ptr<MpiFile>> files_;
 };
 
 // One parallel-HDF5 file, one contiguous dataset per tensor, created collectively with
-// identical arguments on every rank; blocks are written as hyperslabs.
-class Hdf5Sink : public OutputSink {
+// identical arguments on every rank (or, for a resumed run, reopened: `reopen`); blocks are
+// written as hyperslabs.
+class Hdf5Sink : public StagedOutput {
  public:
-  Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors, const std::string& path);
+  Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors, const std::string& path,
+           bool reopen = false);
   ~Hdf5Sink() override;
   void write(std::uint32_t tensor, std::uint64_t elem_begin,
              std::span<const std::byte> bytes) override;
-  void finish();  // collective
+  OutputLocation locate(std::uint32_t tensor, std::uint64_t elem_begin) const override;
+  void finish() override;
 
  private:
   struct State;

@@ -1,0 +1,111 @@
+#pragma once
+// Reads blocks ahead of the code that consumes them: for each block of an ordered list, the base
+// block and the wanted expert blocks, on several I/O threads so that several requests are in
+// flight at once (one request at a time leaves the device idle between requests, and a single
+// stream cannot fill a parallel file system or an NVMe queue). At most `depth` blocks wait ready
+// ahead of the consumer, so memory stays (depth + 1) × (experts + 1) × block size whatever the
+// model size. Blocks are handed out in list order.
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mergepipe/blocking.hpp"
+
+namespace mergepipe {
+
+// Which checkpoint a read is for: the base or expert k (plan order).
+struct SourceId {
+  static constexpr int kBase = -1;
+  int expert = kBase;
+};
+
+class BlockReader {
+ public:
+  virtual ~BlockReader() = default;
+  // Reads dst.size() bytes of tensor `tensor` of `source`, starting `byte_begin` bytes into the
+  // tensor. Called concurrently from several I/O threads: must be thread-safe.
+  virtual void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+                    std::span<std::byte> dst) = 0;
+  // Where those bytes live, for error messages ("dir/model.safetensors bytes a..b").
+  virtual std::string describe(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+                               std::uint64_t length) const = 0;
+};
+
+// Raw bytes of one block: the base and every wanted expert.
+struct LoadedBlock {
+  std::uint32_t block = 0;
+  std::vector<std::byte> base;
+  std::vector<std::vector<std::byte>> experts;
+  std::vector<char> present;  // per expert: read for this block
+};
+
+struct StreamOptions {
+  int io_threads = 4;  // concurrent read requests
+  int depth = 2;       // blocks read ahead of the consumer
+  // wanted(k, b): read expert k's block b. Must be pure (called from the I/O threads).
+  std::function<bool(std::size_t, std::size_t)> wanted;
+  // Called on an I/O thread after each read, before the block is handed out; may throw (the
+  // consumer then gets the exception). Used to check reads against catalog hashes.
+  std::function<void(SourceId, std::uint32_t block, std::span<const std::byte>)> check;
+};
+
+class BlockStream {
+ public:
+  BlockStream(const Blocking& blocking, std::vector<std::uint32_t> blocks, std::size_t experts,
+              BlockReader& reader, StreamOptions options);
+  ~BlockStream();
+  BlockStream(const BlockStream&) = delete;
+  BlockStream& operator=(const BlockStream&) = delete;
+
+  // The next block in list order, or nullptr after the last. Rethrows the first read error.
+  // `waited` grows by the time spent waiting for the block.
+  std::unique_ptr<LoadedBlock> next(double& waited);
+  // Gives a consumed block's buffers back for reuse.
+  void recycle(std::unique_ptr<LoadedBlock> block);
+
+  std::uint64_t base_bytes() const;    // bytes read so far
+  std::uint64_t expert_bytes() const;  // bytes read so far
+
+ private:
+  // A block whose reads are queued or running, in list order.
+  struct Inflight {
+    std::unique_ptr<LoadedBlock> block;
+    int pending = 0;  // reads not finished yet
+  };
+  struct Piece {
+    Inflight* owner;  // deque elements keep their address while others are pushed and popped
+    int source;       // SourceId::expert
+  };
+  void io_loop();
+  bool can_schedule() const;  // under mutex_
+  void schedule_next();       // under mutex_
+  void read_piece(const Piece& piece);
+
+  const Blocking& blocking_;
+  const std::vector<std::uint32_t> blocks_;
+  const std::size_t experts_;
+  BlockReader& reader_;
+  const StreamOptions options_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable io_cv_, ready_cv_;
+  std::vector<std::unique_ptr<LoadedBlock>> free_;
+  std::deque<Inflight> inflight_;
+  std::deque<Piece> pieces_;
+  std::size_t scheduled_ = 0;   // list entries scheduled so far
+  std::size_t handed_out_ = 0;  // list entries handed to the consumer so far
+  std::exception_ptr error_;
+  bool stopping_ = false;
+  std::uint64_t base_bytes_ = 0, expert_bytes_ = 0;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace mergepipe

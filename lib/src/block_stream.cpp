@@ -1,0 +1,128 @@
+#include "mergepipe/block_stream.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+namespace mergepipe {
+
+BlockStream::BlockStream(const Blocking& blocking, std::vector<std::uint32_t> blocks,
+                         std::size_t experts, BlockReader& reader, StreamOptions options)
+    : blocking_(blocking),
+      blocks_(std::move(blocks)),
+      experts_(experts),
+      reader_(reader),
+      options_(std::move(options)) {
+  const int depth = std::max(1, options_.depth);
+  for (int i = 0; i < depth + 1; ++i) free_.push_back(std::make_unique<LoadedBlock>());
+  const int threads = std::max(1, options_.io_threads);
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { io_loop(); });
+}
+
+BlockStream::~BlockStream() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  io_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+bool BlockStream::can_schedule() const {
+  return !free_.empty() && scheduled_ < blocks_.size();
+}
+
+void BlockStream::schedule_next() {
+  const std::uint32_t b = blocks_[scheduled_++];
+  std::unique_ptr<LoadedBlock> block = std::move(free_.back());
+  free_.pop_back();
+  block->block = b;
+  block->experts.resize(experts_);
+  block->present.assign(experts_, 0);
+  Inflight& entry = inflight_.emplace_back();
+  pieces_.push_back({&entry, SourceId::kBase});
+  for (std::size_t k = 0; k < experts_; ++k) {
+    if (options_.wanted && !options_.wanted(k, b)) continue;
+    block->present[k] = 1;
+    pieces_.push_back({&entry, static_cast<int>(k)});
+  }
+  entry.pending = 1 + static_cast<int>(std::count(block->present.begin(), block->present.end(), 1));
+  entry.block = std::move(block);
+}
+
+void BlockStream::read_piece(const Piece& piece) {
+  LoadedBlock& block = *piece.owner->block;
+  const Block& blk = blocking_.blocks[block.block];
+  std::vector<std::byte>& dst = piece.source == SourceId::kBase
+                                    ? block.base
+                                    : block.experts[static_cast<std::size_t>(piece.source)];
+  dst.resize(blk.byte_length);
+  const SourceId source{piece.source};
+  reader_.read(source, blk.tensor, blk.byte_begin, dst);
+  if (options_.check) options_.check(source, block.block, dst);
+}
+
+void BlockStream::io_loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    io_cv_.wait(lock, [this] { return stopping_ || error_ || !pieces_.empty() || can_schedule(); });
+    if (stopping_ || error_) return;
+    if (pieces_.empty()) {
+      schedule_next();
+      continue;
+    }
+    const Piece piece = pieces_.front();
+    pieces_.pop_front();
+    if (!pieces_.empty() || can_schedule()) io_cv_.notify_one();
+    lock.unlock();
+    std::exception_ptr failure;
+    try {
+      read_piece(piece);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    lock.lock();
+    if (failure) {
+      if (!error_) error_ = failure;
+      ready_cv_.notify_all();
+      io_cv_.notify_all();
+      return;
+    }
+    const std::uint64_t bytes = blocking_.blocks[piece.owner->block->block].byte_length;
+    (piece.source == SourceId::kBase ? base_bytes_ : expert_bytes_) += bytes;
+    if (--piece.owner->pending == 0) ready_cv_.notify_all();
+  }
+}
+
+std::unique_ptr<LoadedBlock> BlockStream::next(double& waited) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock lock(mutex_);
+  if (handed_out_ == blocks_.size()) return nullptr;
+  ready_cv_.wait(
+      lock, [this] { return error_ || (!inflight_.empty() && inflight_.front().pending == 0); });
+  waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (error_) std::rethrow_exception(error_);
+  std::unique_ptr<LoadedBlock> block = std::move(inflight_.front().block);
+  inflight_.pop_front();
+  ++handed_out_;
+  return block;
+}
+
+void BlockStream::recycle(std::unique_ptr<LoadedBlock> block) {
+  {
+    std::lock_guard lock(mutex_);
+    free_.push_back(std::move(block));
+  }
+  io_cv_.notify_one();
+}
+
+std::uint64_t BlockStream::base_bytes() const {
+  std::lock_guard lock(mutex_);
+  return base_bytes_;
+}
+
+std::uint64_t BlockStream::expert_bytes() const {
+  std::lock_guard lock(mutex_);
+  return expert_bytes_;
+}
+
+}  // namespace mergepipe
