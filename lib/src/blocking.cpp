@@ -41,4 +41,10 @@ Blocking make_blocking(const std::vector<TensorInfo>& tensors, std::uint64_t blo
   return blocking;
 }
 
+std::vector<std::uint32_t> block_range(std::uint32_t begin, std::uint32_t end) {
+  std::vector<std::uint32_t> blocks;
+  for (std::uint32_t b = begin; b < end; ++b) blocks.push_back(b);
+  return blocks;
+}
+
 }  // namespace mergepipe

@@ -33,12 +33,6 @@ struct Scratch {
 
 }  // namespace
 
-std::vector<std::uint32_t> block_range(std::uint32_t begin, std::uint32_t end) {
-  std::vector<std::uint32_t> blocks;
-  for (std::uint32_t b = begin; b < end; ++b) blocks.push_back(b);
-  return blocks;
-}
-
 std::uint64_t block_cost(const ExecutionJob& job, std::uint32_t b) {
   const Block& blk = job.blocking->blocks[b];
   std::uint64_t cost = blk.byte_length + blk.elem_count * dtype_size(job.out_dtypes[blk.tensor]);

@@ -17,6 +17,8 @@
 #include "mergepipe/io/checkpoint_reader.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hf_folder.hpp"
+#include "mergepipe/io/output_layout.hpp"
+#include "mergepipe/io/resume_journal.hpp"
 #include "mergepipe/io/safetensors.hpp"
 #include "mergepipe/mpi/comm.hpp"
 #include "mergepipe/mpi/merge_run.hpp"
@@ -243,4 +245,132 @@ TEST(MPI, FailureOnOneRankEndsAllRanksWithItsMessage) {
     fs::remove_all(dir, ec);
   }
   EXPECT_EQ(all_ok, 1) << "rank " << comm.rank() << " got code " << code << ": " << message;
+}
+
+// A run whose journal claims part of the blocks: the claims that the staged bytes bear out are
+// kept, a claim whose bytes were damaged is merged again, and the output equals a fresh run.
+TEST(MPI, ResumeKeepsCheckedBlocksAndRedoesTheRest) {
+  mpi::Comm comm = mpi::Comm::world();
+  const std::string dir = make_family(comm);
+  const MergeTask task = make_task(dir);
+  const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
+  const std::string ref = dir + "/ref", out = dir + "/resumed";
+  if (comm.is_root()) {
+    fs::create_directories(ref);
+    fs::create_directories(out);
+  }
+  comm.barrier("mkdir");
+  mpi::MergeRunOptions options;
+  options.output_dir = ref;
+  const mpi::MergeRunResult fresh = mpi::run_merge(comm, task, options);
+
+  // The "interrupted" attempt: every other block's record kept, the output of one of those
+  // overwritten, everything else zeroed as if never written.
+  std::uint64_t damaged = 0;
+  if (comm.is_root()) {
+    const io::JournalContents all =
+        io::read_journals(ref, std::uint32_t(blocking.blocks.size()), 0, 0);
+    io::JournalWriter keep(out, 7);
+    for (const auto& [block, hash] : all.blocks)
+      if (block % 2 == 0) keep.block_done(block, hash);
+    for (const std::string& f : fresh.files) {
+      const std::string bytes = io::read_text_file(ref + "/" + f);
+      io::write_text_file(out + "/" + f, std::string(bytes.size(), '\0'));
+    }
+    // Copy the claimed blocks' bytes back, damaging block 4.
+    const io::OutputLayout layout =
+        io::make_output_layout(task.output_tensors(), task.max_shard_bytes);
+    for (std::uint32_t b = 0; b < blocking.blocks.size(); b += 2) {
+      const Block& blk = blocking.blocks[b];
+      const std::string name = layout.shard_names[layout.tensor_shard[blk.tensor]];
+      const std::uint64_t offset = layout.tensor_offset[blk.tensor] + blk.elem_begin * 2;
+      std::vector<std::byte> bytes(blk.elem_count * 2);
+      io::File(ref + "/" + name, io::File::Mode::kRead).read_at(offset, bytes);
+      if (b == 4) {
+        bytes[0] ^= std::byte{1};
+        ++damaged;
+      }
+      io::File(out + "/" + name, io::File::Mode::kReadWrite).write_at(offset, bytes);
+    }
+  }
+  comm.barrier("prepare the interrupted attempt");
+  options.output_dir = out;
+  options.resume = true;
+  const mpi::MergeRunResult resumed = mpi::run_merge(comm, task, options);
+
+  int ok = 1;
+  if (comm.is_root()) {
+    const std::uint64_t claimed = (blocking.blocks.size() + 1) / 2;
+    ok &= resumed.blocks_resumed == claimed - damaged;
+    ok &= resumed.blocks_rejected == damaged;
+    ok &= resumed.tensor_hashes == fresh.tensor_hashes;
+    for (const std::string& f : fresh.files)
+      ok &= io::read_text_file(ref + "/" + f) == io::read_text_file(out + "/" + f);
+    // Only the unclaimed and the damaged blocks were read again.
+    std::uint64_t base_expected = 0;
+    for (std::uint32_t b = 0; b < blocking.blocks.size(); ++b)
+      if (b % 2 == 1 || b == 4) base_expected += blocking.blocks[b].byte_length;
+    ok &= resumed.bytes.base == base_expected;
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  int all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_EQ(all_ok, 1) << "resumed " << resumed.blocks_resumed << ", rejected "
+                       << resumed.blocks_rejected;
+}
+
+// --full-read TIES scans thresholds from the data window by window; the result equals a task
+// that was given the same thresholds up front, at any rank count and window size.
+TEST(MPI, FullReadTiesScansThresholdsFromTheData) {
+  mpi::Comm comm = mpi::Comm::world();
+  const std::string dir = make_family(comm);
+  MergeTask task = make_task(dir);
+  const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
+  task.full_read = true;
+  task.plan = make_full_read_plan(task.spec, task.tensors, blocking, "test");
+  task.plan.hash = compute_plan_hash(task.plan);
+  ASSERT_TRUE(task.plan.thresholds.empty());
+  int ok = 1;
+  std::vector<std::string> hashes;
+  std::vector<float> thresholds;
+  for (std::uint64_t window : {std::uint64_t{1}, std::uint64_t{1} << 30}) {
+    const std::string out = dir + "/scan" + std::to_string(window);
+    if (comm.is_root()) fs::create_directories(out);
+    comm.barrier("mkdir");
+    mpi::MergeRunOptions options;
+    options.output_dir = out;
+    options.window_bytes = window;
+    const mpi::MergeRunResult r = mpi::run_merge(comm, task, options);
+    if (comm.is_root()) {
+      ok &= r.thresholds.size() == 3 * task.tensors.size();
+      if (!hashes.empty()) ok &= r.tensor_hashes == hashes && r.thresholds == thresholds;
+      hashes = r.tensor_hashes;
+      thresholds = r.thresholds;
+    }
+  }
+  // The same task with those thresholds given reads every expert once and writes the same bytes.
+  if (comm.is_root()) task.plan.thresholds = thresholds;
+  std::string packed(reinterpret_cast<const char*>(thresholds.data()), thresholds.size() * 4);
+  comm.broadcast(packed, 0, "thresholds");
+  task.plan.thresholds.assign(packed.size() / 4, 0.0f);
+  std::memcpy(task.plan.thresholds.data(), packed.data(), packed.size());
+  const std::string out = dir + "/given";
+  if (comm.is_root()) fs::create_directories(out);
+  comm.barrier("mkdir");
+  mpi::MergeRunOptions options;
+  options.output_dir = out;
+  const mpi::MergeRunResult given = mpi::run_merge(comm, task, options);
+  if (comm.is_root()) {
+    ok &= given.tensor_hashes == hashes;
+    ok &= given.thresholds.empty();
+    std::uint64_t all_experts = 0;
+    for (const auto& t : task.tensors) all_experts += 3 * t.nbytes();
+    ok &= given.bytes.expert == all_experts;
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  int all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_EQ(all_ok, 1);
 }

@@ -229,3 +229,55 @@ TEST(Executor, CombineBlockHashesDependsOnOrderAndContent) {
   EXPECT_EQ(combine_block_hashes(std::vector<std::uint64_t>{}), "");
   EXPECT_EQ(combine_block_hashes(a).size(), 32u);
 }
+
+namespace {
+class StopAfter : public ExecutionObserver {
+ public:
+  explicit StopAfter(std::size_t n) : limit(n) {}
+  void block_done(std::uint32_t block, std::uint64_t hash, std::uint64_t moved) override {
+    done.push_back(block);
+    hashes.push_back(hash);
+    bytes += moved;
+  }
+  bool stop_requested() override { return done.size() >= limit; }
+  std::size_t limit;
+  std::vector<std::uint32_t> done;
+  std::vector<std::uint64_t> hashes;
+  std::uint64_t bytes = 0;
+};
+}  // namespace
+
+TEST(Executor, ObserverSeesEveryBlockAndCanStopTheRun) {
+  Fixture f(5);
+  const ExecutionJob job = f.job(MergeMethod::kTies, 2, 2);
+  const auto all = block_range(0, std::uint32_t(f.blocking.blocks.size()));
+  MemorySink sink = f.sink(job);
+  StopAfter everything(all.size() + 1);
+  const auto full = execute_blocks(job, all, f.reader, sink, &everything);
+  EXPECT_FALSE(full.stopped);
+  EXPECT_EQ(everything.done, all);
+  EXPECT_EQ(everything.hashes, full.block_hashes);
+  std::uint64_t expect_bytes = 0;
+  for (std::uint32_t b : all) expect_bytes += block_cost(job, b);
+  EXPECT_EQ(everything.bytes, expect_bytes);
+
+  MemorySink partial_sink = f.sink(job);
+  StopAfter three(3);
+  const auto partial = execute_blocks(job, all, f.reader, partial_sink, &three);
+  EXPECT_TRUE(partial.stopped);
+  EXPECT_EQ(partial.blocks_done, 3u);
+  EXPECT_EQ(three.done, std::vector<std::uint32_t>(all.begin(), all.begin() + 3));
+}
+
+TEST(Executor, BlocksInAnyOrderGiveTheSameBytes) {
+  Fixture f(6);
+  const ExecutionJob job = f.job(MergeMethod::kDareLinear, 2, 3);
+  const auto all = block_range(0, std::uint32_t(f.blocking.blocks.size()));
+  MemorySink in_order = f.sink(job);
+  execute_blocks(job, all, f.reader, in_order);
+  std::vector<std::uint32_t> shuffled(all.rbegin(), all.rend());
+  MemorySink reversed = f.sink(job);
+  const auto stats = execute_blocks(job, shuffled, f.reader, reversed);
+  EXPECT_EQ(reversed.out, in_order.out);
+  EXPECT_EQ(stats.block_hashes.size(), shuffled.size());
+}

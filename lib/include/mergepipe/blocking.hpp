@@ -30,4 +30,7 @@ inline constexpr std::uint64_t kDefaultBlockBytes = 4ull << 20;
 // tensors have one-element rows) of at most max(block_bytes, one row) bytes. Deterministic.
 Blocking make_blocking(const std::vector<TensorInfo>& tensors, std::uint64_t block_bytes);
 
+// The block indices [begin, end), e.g. a rank's share, as a list for the streaming code.
+std::vector<std::uint32_t> block_range(std::uint32_t begin, std::uint32_t end);
+
 }  // namespace mergepipe

@@ -72,9 +72,6 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
                               BlockReader& reader, OutputSink& sink,
                               ExecutionObserver* observer = nullptr);
 
-// The block indices [begin, end).
-std::vector<std::uint32_t> block_range(std::uint32_t begin, std::uint32_t end);
-
 // Bytes block `b` moves when merged: base read + admitted expert reads + output write.
 std::uint64_t block_cost(const ExecutionJob& job, std::uint32_t b);
 

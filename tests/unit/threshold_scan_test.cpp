@@ -1,0 +1,83 @@
+// Thresholds from the data (--full-read TIES) equal the sketch of each whole tensor's deltas,
+// whatever the blocking, threads or reads in flight.
+#include "mergepipe/threshold_scan.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "mergepipe/dtype.hpp"
+#include "mergepipe/magnitude_sketch.hpp"
+
+using namespace mergepipe;
+
+namespace {
+class Memory : public BlockReader {
+ public:
+  std::map<int, std::vector<std::vector<std::byte>>> data;  // source -> tensor -> bytes
+  void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+            std::span<std::byte> dst) override {
+    std::memcpy(dst.data(), data.at(source.expert).at(tensor).data() + byte_begin, dst.size());
+  }
+  std::string describe(SourceId, std::uint32_t, std::uint64_t, std::uint64_t) const override {
+    return "memory";
+  }
+};
+}  // namespace
+
+TEST(ThresholdScan, MatchesTheSketchOfEachWholeTensor) {
+  const std::vector<TensorInfo> tensors{
+      {"w", DType::kBF16, {64, 48}}, {"empty", DType::kBF16, {0, 8}}, {"v", DType::kF32, {1000}}};
+  const std::vector<double> densities{0.5, 0.1, 1.0};
+  Memory mem;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  for (int src = -1; src < 3; ++src) {
+    for (const auto& t : tensors) {
+      std::vector<float> v(t.numel());
+      for (auto& x : v) x = dist(rng);
+      std::vector<std::byte> bytes(t.nbytes());
+      convert_from_f32(t.dtype, v.data(), bytes.data(), v.size());
+      mem.data[src].push_back(bytes);
+    }
+  }
+  // Reference: one sketch per (expert, tensor) over the whole tensor.
+  std::vector<std::vector<float>> expect;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    std::vector<float> row;
+    const std::size_t n = tensors[t].numel();
+    std::vector<float> base(n), delta(n);
+    convert_to_f32(tensors[t].dtype, mem.data[-1][t].data(), base.data(), n);
+    for (std::size_t k = 0; k < densities.size(); ++k) {
+      convert_to_f32(tensors[t].dtype, mem.data[int(k)][t].data(), delta.data(), n);
+      for (std::size_t i = 0; i < n; ++i) delta[i] -= base[i];
+      MagnitudeSketch sketch;
+      sketch.add(delta.data(), n);
+      row.push_back(sketch.threshold(densities[k]));
+    }
+    expect.push_back(row);
+  }
+  for (std::uint64_t block_bytes : {256u, 4096u, 1u << 20}) {
+    for (int threads : {1, 2, 3}) {
+      const Blocking blocking = make_blocking(tensors, block_bytes);
+      ThresholdScan scan;
+      scan.blocking = &blocking;
+      scan.tensors = &tensors;
+      scan.densities = densities;
+      scan.threads = threads;
+      scan.io_threads = 3;
+      std::uint64_t seen = 0;
+      scan.on_block = [&](std::uint64_t bytes) { seen += bytes; };
+      const auto got = scan_thresholds(scan, {0, 1, 2}, mem);
+      EXPECT_EQ(got, expect) << block_bytes << " byte blocks, " << threads << " threads";
+      std::uint64_t total = 0;
+      for (const auto& t : tensors) total += t.nbytes() * 4;
+      EXPECT_EQ(seen, total);
+      // A subset of tensors in another order gives those tensors' rows.
+      const auto some = scan_thresholds(scan, {2, 0}, mem);
+      EXPECT_EQ(some, (std::vector<std::vector<float>>{expect[2], expect[0]}));
+    }
+  }
+}
