@@ -16,6 +16,7 @@
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/catalog_store.hpp"
 #include "mergepipe/mpi/catalog_build.hpp"
+#include "output_style.hpp"
 
 namespace mergepipe::app {
 
@@ -43,6 +44,7 @@ int cmd_catalog(CommandContext& ctx) {
   std::vector<std::string> experts;
   bool force = false, allow_nonfinite = false;
   int threads = 0;
+  OutputStyleText style_text;
   po::options_description options("catalog options");
   options.add_options()("base", po::value(&base), "base model folder")(
       "experts", po::value(&experts)->multitoken(), "expert model folders (one or more)")(
@@ -57,10 +59,12 @@ int cmd_catalog(CommandContext& ctx) {
       "compute threads per rank (0: the node's cores divided by its ranks)")(
       "check", po::value(&check),
       "only check that the files CATALOG describes are unchanged (exit 0, or 3 when stale)");
+  add_output_options(options, style_text);
   const auto vm = parse_command_line(
       "catalog", "--base DIR --experts DIR... --out CATALOG [--block-bytes N] | --check CATALOG",
       options, po::positional_options_description(), ctx.args, ctx.comm.is_root());
   if (!vm) return 0;
+  const OutputStyle style = parse_output_style(style_text, "catalog");
   if (!check.empty()) {
     if (!base.empty() || !experts.empty() || !out.empty()) {
       throw UsageError("catalog: --check takes only the catalog folder");
@@ -116,6 +120,8 @@ int cmd_catalog(CommandContext& ctx) {
   }
 
   const std::size_t added = build.expert_dirs.size();
+  const auto display = make_progress_display(style, ctx.comm.is_root());
+  build.progress = display.get();
   Catalog cat = mpi::build_catalog(ctx.comm, build);
   std::uint64_t catalog_bytes = 0;
   ctx.comm.check(
@@ -133,7 +139,22 @@ int cmd_catalog(CommandContext& ctx) {
       ctx.comm.allreduce_sum(after.base - before.base, "catalog: counting bytes");
   const std::uint64_t expert_read =
       ctx.comm.allreduce_sum(after.expert - before.expert, "catalog: counting bytes");
-  if (ctx.comm.is_root()) {
+  if (ctx.comm.is_root() && style.json && !style.quiet) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    print_json_line({{"event", "result"},
+                     {"command", "catalog"},
+                     {"out", out},
+                     {"experts", cat.expert_count()},
+                     {"experts_added", added},
+                     {"tensors", cat.tensors.size()},
+                     {"blocks", cat.block_count()},
+                     {"block_bytes", cat.blocking.block_bytes},
+                     {"bytes_read", {{"base", base_read}, {"expert", expert_read}}},
+                     {"seconds", seconds},
+                     {"catalog_bytes", catalog_bytes},
+                     {"family_bytes", cat.family_bytes()}});
+  } else if (ctx.comm.is_root() && !style.quiet) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const std::uint64_t family = cat.family_bytes();

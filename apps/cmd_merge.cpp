@@ -76,6 +76,7 @@ MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOp
   task.tensors = catalog.tensors;
   task.block_bytes = catalog.blocking.block_bytes;
   task.base = catalog.base;
+  task.base_block_hashes = catalog.base_block_hashes;
   for (std::uint32_t idx : task.plan.catalog_expert) {
     const ExpertCatalog& expert = catalog.experts.at(idx);
     task.experts.push_back(expert.location);

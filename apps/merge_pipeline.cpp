@@ -105,12 +105,21 @@ void finish_run_options(const RunOptionText& text, PipelineOptions& options,
 
 std::vector<std::pair<std::string, std::string>> parse_hints(
     const std::vector<std::string>& hints) {
+  // Each flag holds one or more comma-separated key=value pairs (MPI-IO hint values never
+  // contain commas or '=').
   std::vector<std::pair<std::string, std::string>> out;
-  for (const auto& h : hints) {
-    const auto eq = h.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw UsageError("--mpiio-hint '" + h + "': expected key=value");
-    out.emplace_back(h.substr(0, eq), h.substr(eq + 1));
+  for (const auto& flag : hints) {
+    std::size_t begin = 0;
+    while (begin <= flag.size()) {
+      const std::size_t end = std::min(flag.find(',', begin), flag.size());
+      const std::string h = flag.substr(begin, end - begin);
+      const auto eq = h.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == h.size() ||
+          h.find('=', eq + 1) != std::string::npos)
+        throw UsageError("--mpiio-hint '" + flag + "': expected key=value[,key=value...]");
+      out.emplace_back(h.substr(0, eq), h.substr(eq + 1));
+      begin = end + 1;
+    }
   }
   return out;
 }

@@ -248,6 +248,8 @@ void write_h5(const Catalog& c, const std::string& path) {
   {
     Handle g = w.group(root, "base", "/base");
     write_location(w, g.get(), "/base", c.base);
+    if (!c.base_block_hashes.empty())
+      w.dataset<std::uint64_t>(g.get(), "block_hash", "/base/block_hash", c.base_block_hashes);
   }
   Handle experts = w.group(root, "experts", "/experts");
   for (std::size_t k = 0; k < c.experts.size(); ++k) {
@@ -744,6 +746,8 @@ Catalog load_catalog(const std::string& path) {
   };
   read_location(r, "/base", nt, c.base);
   check_location(c.base, "/base");
+  if (r.exists("/base/block_hash"))  // absent in catalogs from before it was recorded
+    c.base_block_hashes = r.read<std::uint64_t>("/base/block_hash", nb);
 
   for (std::size_t k = 0; k < c.experts.size(); ++k) {
     ExpertCatalog& e = c.experts[k];

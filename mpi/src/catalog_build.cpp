@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <map>
 #include <set>
@@ -11,12 +12,14 @@
 #include "mergepipe/block_stats.hpp"
 #include "mergepipe/dtype.hpp"
 #include "mergepipe/error.hpp"
+#include "mergepipe/hash.hpp"
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/checkpoint_location.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hf_folder.hpp"
 #include "mergepipe/mpi/packing.hpp"
 #include "mergepipe/mpi/partition.hpp"
+#include "mergepipe/mpi/run_monitor.hpp"
 #include "mergepipe/structure_match.hpp"
 #include "mergepipe/worker_pool.hpp"
 
@@ -109,6 +112,7 @@ struct PartialSketch {
 };
 struct RankResult {
   BlockRange range;
+  std::vector<std::uint64_t> base_hashes;            // [block - range.begin]
   std::vector<std::vector<BlockStats>> stats;        // [expert][block - range.begin]
   std::vector<std::vector<PartialSketch>> sketches;  // [expert]: tensors touched, in order
   std::vector<std::uint64_t> nonfinite;              // [expert]
@@ -118,6 +122,7 @@ std::string pack(const RankResult& r) {
   Packer p;
   p.put(r.range.begin);
   p.put(r.range.end);
+  p.put_vector(r.base_hashes);
   p.put<std::uint64_t>(r.stats.size());
   for (std::size_t k = 0; k < r.stats.size(); ++k) {
     for (const BlockStats& s : r.stats[k]) {
@@ -144,10 +149,14 @@ void unpack_into(const std::string& bytes, Catalog& catalog, std::size_t first_n
   BlockRange range;
   range.begin = u.get<std::uint32_t>();
   range.end = u.get<std::uint32_t>();
+  const auto base_hashes = u.get_vector<std::uint64_t>();
   const auto experts = u.get<std::uint64_t>();
-  if (first_new + experts != catalog.experts.size() || range.end > catalog.block_count()) {
+  if (first_new + experts != catalog.experts.size() || range.end > catalog.block_count() ||
+      range.end < range.begin || (experts > 0 && base_hashes.size() != range.end - range.begin)) {
     throw std::runtime_error("catalog build: rank result does not match the catalog");
   }
+  for (std::uint32_t b = range.begin; b < range.end && experts > 0; ++b)
+    catalog.base_block_hashes[b] = base_hashes[b - range.begin];
   for (std::size_t k = 0; k < experts; ++k) {
     ExpertCatalog& e = catalog.experts[first_new + k];
     for (std::uint32_t b = range.begin; b < range.end; ++b) {
@@ -178,6 +187,9 @@ class RangeWorker {
               const CatalogBuildOptions& opt, int threads)
       : cat_(catalog), first_new_(first_new), range_(range), opt_(opt), pool_(threads) {}
 
+  std::function<void(std::uint64_t)> on_read;  // after each read, with its bytes
+  std::function<bool()> stop_requested;        // polled after each read
+
   RankResult run() {
     const std::size_t experts = cat_.experts.size() - first_new_;
     RankResult result;
@@ -185,6 +197,7 @@ class RangeWorker {
     result.stats.assign(experts, std::vector<BlockStats>(range_.end - range_.begin));
     result.sketches.resize(experts);
     result.nonfinite.assign(experts, 0);
+    result.base_hashes.assign(range_.end - range_.begin, 0);
     const std::vector<Piece> pieces = make_pieces(cat_.blocking, range_, opt_.read_bytes);
     if (pieces.empty() || experts == 0) return result;
 
@@ -219,11 +232,13 @@ class RangeWorker {
     std::future<void> pending = std::async(std::launch::async, read_task, 0);
     for (std::size_t i = 0; i < tasks; ++i) {
       pending.get();
+      if (on_read) on_read(pieces[i / per_piece].byte_length);
+      if (stop_requested && stop_requested()) return result;  // another rank failed
       if (i + 1 < tasks) pending = std::async(std::launch::async, read_task, i + 1);
       const Piece& p = pieces[i / per_piece];
       const std::size_t s = i % per_piece;
       if (s == 0) {
-        convert_base(p, buffers[i % 2].data());
+        convert_base(p, buffers[i % 2].data(), result);
       } else {
         compute_expert(p, s - 1, buffers[i % 2].data(), result);
       }
@@ -254,12 +269,14 @@ class RangeWorker {
     });
   }
 
-  void convert_base(const Piece& p, const std::byte* bytes) {
+  void convert_base(const Piece& p, const std::byte* bytes, RankResult& result) {
     const DType dtype = cat_.tensors[p.tensor].dtype;
     for_blocks(p, [&](std::uint32_t b, int) {
       const Block& blk = cat_.blocking.blocks[b];
-      convert_to_f32(dtype, bytes + (blk.byte_begin - p.byte_begin),
-                     base_f32_.data() + (blk.elem_begin - p.elem_begin), blk.elem_count);
+      const std::byte* stored = bytes + (blk.byte_begin - p.byte_begin);
+      result.base_hashes[b - range_.begin] = hash64(stored, blk.byte_length);
+      convert_to_f32(dtype, stored, base_f32_.data() + (blk.elem_begin - p.elem_begin),
+                     blk.elem_count);
     });
   }
 
@@ -376,16 +393,24 @@ Catalog build_catalog(const Comm& comm, const CatalogBuildOptions& options) {
       partition_by_cost(costs, comm.size())[static_cast<std::size_t>(comm.rank())];
   const int threads = options.threads > 0 ? options.threads : comm.default_threads();
 
+  std::uint64_t total = 0;
+  for (const Block& b : cat.blocking.blocks)
+    total += b.byte_length * (cat.experts.size() - first_new + 1);
+  RunMonitor monitor(comm, "catalog", total, options.progress);
   std::string packed;
-  comm.check(capture_failure([&] {
-               RangeWorker worker(cat, first_new, mine, options, threads);
-               packed = pack(worker.run());
-             }),
-             "catalog: reading experts");
+  auto failure = capture_failure([&] {
+    RangeWorker worker(cat, first_new, mine, options, threads);
+    worker.on_read = [&](std::uint64_t bytes) { monitor.add(bytes); };
+    worker.stop_requested = [&] { return monitor.stop_requested(); };
+    packed = pack(worker.run());
+  });
+  monitor.finish(failure.has_value());
+  comm.check(failure, "catalog: reading experts");
 
   const std::vector<std::string> parts = comm.gather(packed, 0, "catalog: gathering statistics");
   comm.check(capture_failure([&] {
                if (!comm.is_root()) return;
+               cat.base_block_hashes.assign(cat.block_count(), 0);
                for (std::size_t k = first_new; k < cat.experts.size(); ++k) {
                  cat.experts[k].blocks.assign(cat.block_count(), BlockStats{});
                  cat.experts[k].sketches.assign(cat.tensors.size(), MagnitudeSketch());

@@ -53,7 +53,7 @@ struct Hdf5Sink::State {
 };
 
 Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors,
-                   const std::string& path, bool reopen)
+                   const std::string& path, const InfoHints& hints, bool reopen)
     : state_(std::make_unique<State>()) {
   h5::silence_hdf5_errors();
   State& s = *state_;
@@ -61,7 +61,7 @@ Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors,
   s.tensors = tensors;
   h5::Handle fapl =
       h5::checked(H5Pcreate(H5P_FILE_ACCESS), h5::Kind::kPropertyList, "H5Pcreate", path);
-  h5::check_status(H5Pset_fapl_mpio(fapl.get(), comm.handle(), MPI_INFO_NULL), "H5Pset_fapl_mpio",
+  h5::check_status(H5Pset_fapl_mpio(fapl.get(), comm.handle(), hints.handle()), "H5Pset_fapl_mpio",
                    path);
   h5::check_status(H5Pset_all_coll_metadata_ops(fapl.get(), true), "H5Pset_all_coll_metadata_ops",
                    path);

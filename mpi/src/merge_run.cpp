@@ -244,7 +244,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       std::uint64_t opens = comm.is_root() && io::h5::file_opens(path) ? 1 : 0;
       resume = comm.allreduce_max(opens, "probe the staged HDF5 file") == 1;
     }
-    output = std::make_unique<Hdf5Sink>(comm, out_tensors, path, resume);
+    output = std::make_unique<Hdf5Sink>(comm, out_tensors, path, hints, resume);
   }
 
   // What an interrupted run already did, checked against the bytes it left.

@@ -342,6 +342,15 @@ TEST_F(CatalogBuild, StatisticsMatchTheSerialReferenceAndEachByteIsReadOnce) {
       EXPECT_EQ(cat.experts[0].location.tensor_offset[t],
                 e0.tensors[*e0.find(cat.tensors[t].name)].offset);
     }
+    // The base's block hashes are those of its stored bytes (merges check base reads with them).
+    ASSERT_EQ(cat.base_block_hashes.size(), blocking.blocks.size());
+    for (std::size_t b = 0; b < blocking.blocks.size(); ++b) {
+      const Block& blk = blocking.blocks[b];
+      const std::size_t t = index_of(kTensors, cat.tensors[blk.tensor].name);
+      EXPECT_EQ(cat.base_block_hashes[b],
+                XXH3_64bits(base_.bytes[t].data() + blk.byte_begin, blk.byte_length))
+          << "block " << b;
+    }
     EXPECT_EQ(cat.base.tensor_file[0], 0u);
     EXPECT_EQ(cat.base.tensor_file[up_proj], 1u);
     EXPECT_EQ(cat.base.tensor_file[index_of(cat.tensors, kTensors[kQProj].name)], 0u);

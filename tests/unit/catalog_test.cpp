@@ -62,6 +62,7 @@ Catalog synthetic_catalog() {
                {"scalar", DType::kF32, {}},
                {"model.layers.0.self_attn.q_proj.weight", DType::kF16, {3, 2, 2}}};
   c.blocking = make_blocking(c.tensors, 16);
+  for (std::size_t b = 0; b < c.blocking.blocks.size(); ++b) c.base_block_hashes.push_back(rng());
   c.family_id = "0123456789abcdef0123456789abcdef";
   c.build_seconds = 1.25;
   const auto location = [&](const std::string& dir, std::size_t files) {
@@ -103,6 +104,7 @@ void expect_same_catalog(const Catalog& a, const Catalog& b) {
   EXPECT_EQ(a.format, b.format);
   EXPECT_EQ(a.family_id, b.family_id);
   EXPECT_EQ(a.tensors, b.tensors);
+  EXPECT_EQ(a.base_block_hashes, b.base_block_hashes);
   EXPECT_EQ(a.blocking.block_bytes, b.blocking.block_bytes);
   ASSERT_EQ(a.blocking.blocks.size(), b.blocking.blocks.size());
   for (std::size_t i = 0; i < a.blocking.blocks.size(); ++i) {

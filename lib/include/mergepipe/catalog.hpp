@@ -52,6 +52,9 @@ struct Catalog {
   std::string format = kCatalogFormat;
   std::string family_id;  // hash of base tensor infos and base header hashes
   CheckpointLocation base;
+  // XXH3-64 of each base block's stored bytes, so merges can check base reads too; empty in
+  // catalogs written before it was recorded.
+  std::vector<std::uint64_t> base_block_hashes;
   std::vector<TensorInfo> tensors;  // base order (shard order, then offset)
   Blocking blocking;
   std::vector<ExpertCatalog> experts;  // in the order they were added

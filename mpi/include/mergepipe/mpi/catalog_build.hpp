@@ -11,6 +11,7 @@
 
 #include "mergepipe/catalog.hpp"
 #include "mergepipe/mpi/comm.hpp"
+#include "mergepipe/progress.hpp"
 
 namespace mergepipe::mpi {
 
@@ -22,6 +23,7 @@ struct CatalogBuildOptions {
   bool allow_nonfinite = false;                    // otherwise a NaN/Inf expert value is an error
   int threads = 0;                                 // compute threads per rank; 0: cores / ranks
   std::uint64_t read_bytes = 32ull << 20;          // bytes per read request (whole blocks)
+  ProgressListener* progress = nullptr;            // rank 0: bytes read over all ranks
 };
 
 // Collective. Opens the base and the new experts, checks that every expert has the base's tensor

@@ -49,7 +49,7 @@ class SafetensorsSink : public StagedOutput {
 class Hdf5Sink : public StagedOutput {
  public:
   Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors, const std::string& path,
-           bool reopen = false);
+           const InfoHints& hints, bool reopen = false);
   ~Hdf5Sink() override;
   void write(std::uint32_t tensor, std::uint64_t elem_begin,
              std::span<const std::byte> bytes) override;
