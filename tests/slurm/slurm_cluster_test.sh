@@ -11,6 +11,10 @@ source "$(dirname "$0")/../e2e/common.bash"
 SLURM_DIR="$(cd "${SLURM_SCRIPTS:-$TESTS_DIR/../slurm}" && pwd)"
 CLUSTER_SH="$SLURM_DIR/testing/local-cluster.sh"
 t_start=$SECONDS
+# Every wait is bounded by one deadline well inside CTest's TIMEOUT, so the trap below always gets
+# to stop the cluster (a test killed by CTest could not).
+deadline=$((SECONDS + ${SLURM_TEST_SECONDS:-720}))
+left() { echo $((deadline - SECONDS > 10 ? deadline - SECONDS : 10)); }
 
 # A short path: the munge and PMIx sockets live in the cluster folder (sun_path is 108 bytes).
 CLUSTER="$(mktemp -d /tmp/mergepipe-slurm.XXXXXX)"
@@ -52,7 +56,9 @@ submit() {
   local name="$1" script="$2"
   shift 2
   job_rc=0
-  sbatch --wait --parsable --output="$PWD/logs/$name.out" "$@" "$SLURM_DIR/$script" >"logs/$name.id" || job_rc=$?
+  timeout "$(left)" sbatch --wait --parsable --output="$PWD/logs/$name.out" "$@" "$SLURM_DIR/$script" \
+    >"logs/$name.id" || job_rc=$?
+  ((job_rc != 124)) || fail "job $name did not finish before the test's deadline"
   job_id="$(head -1 "logs/$name.id")"
 }
 log_has() {
@@ -122,7 +128,7 @@ echo "catalog/merge/requeue through Slurm ok after $((SECONDS - t_start)) s"
 # 6. Scaling study on one node: ranks 1 and 2, two budgets.
 bash "$SLURM_DIR/scaling-study.sh" --config ties.yaml --catalog cat-slurm --out study \
   --nodes 1 --ranks-per-node "1 2" --threads 1 --budgets "50%,100%" --mergepipe "$MERGEPIPE" \
-  --timeout 300 >study.txt 2>&1 || { cat study.txt >&2 && fail "scaling-study.sh failed"; }
+  --timeout "$(left)" >study.txt 2>&1 || { cat study.txt >&2 && fail "scaling-study.sh failed"; }
 cat study.txt
 [[ -s study/scaling.png ]] || fail "no plot study/scaling.png"
 [[ "$(head -c 4 study/scaling.png | od -An -c | tr -d ' ')" == *PNG* ]] || fail "study/scaling.png is not a PNG"
