@@ -84,7 +84,7 @@ read -r -a budget_list <<<"${budgets//,/ }"
 for x in "${node_counts[@]}" "${rpns[@]}"; do [[ "$x" =~ ^[1-9][0-9]*$ ]] || die "node and rank counts must be positive integers, not '$x'"; done
 
 mkdir -p "$study/logs" "$study/results"
-rm -f "$study"/results/*.json "$study/jobs.txt"
+rm -f "$study"/results/*.json "$study/jobs.txt" "$study/expected.txt"
 workdir="$(realpath -m "${workdir:-$study/out}")"
 
 # Everything the array tasks need travels in the environment (--export=ALL, the default):
@@ -127,6 +127,12 @@ for n in "${node_counts[@]}"; do
     id="${id%%;*}"
     job_ids+=("$id")
     echo "$id nodes=$n ranks_per_node=$r" >>"$study/jobs.txt"
+    # The cells this array must produce (same tag as scaling-task.sbatch), so a task that never
+    # ran still shows up in the CSV.
+    for b in "${budget_list[@]}"; do
+      printf 'n%s-r%s-b%s %s %s %s %s\n' "$n" "$r" "$(printf '%s' "$b" | sed 's/%/pct/g; s/[^A-Za-z0-9._-]/_/g')" \
+        "$n" "$r" "$threads" "$b" >>"$study/expected.txt"
+    done
   done
 done
 echo "scaling-study: ${#job_ids[@]} job array(s) of ${#budget_list[@]} task(s): ${job_ids[*]}; waiting"

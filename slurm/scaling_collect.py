@@ -9,7 +9,7 @@ Input: STUDY/results/<tag>.json written by every array task (nodes, ranks, threa
 exit code, the job's own measured time) and <tag>.manifest.json, the merge's manifest.
 
 CSV columns, one row per (nodes, ranks per node, budget), sorted by budget then ranks:
-  nodes, ranks_per_node, ranks, threads, budget, budget_bytes, status (ok | failed | no-manifest),
+  nodes, ranks_per_node, ranks, threads, budget, budget_bytes, status (ok | failed | no-manifest | missing: submitted, no record),
   exit_code, wall_s (manifest timings.total: mergepipe's own end-to-end time),
   job_wall_s (the array task's time around the launcher: srun/mpirun start-up included),
   base_bytes, expert_bytes, output_bytes (manifest bytes_read: base, expert, output_written),
@@ -87,6 +87,21 @@ def load_rows(study):
                 row["throughput_MBps"] = round(moved / wall / 1e6, 3)
                 row["throughput_per_rank_MBps"] = round(moved / wall / 1e6 / int(row["ranks"]), 3)
         rows.append(row)
+    # Cells the driver submitted but that left no record (cancelled, timed out, never started).
+    expected = os.path.join(study, "expected.txt")
+    have = {n[:-len(".json")] for n in names if n.endswith(".json") and not n.endswith(".manifest.json")}
+    if os.path.isfile(expected):
+        with open(expected) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) != 5 or parts[0] in have:
+                    continue
+                tag, nodes, rpn, threads, budget = parts
+                row = {c: "" for c in COLUMNS}
+                row.update({"nodes": int(nodes), "ranks_per_node": int(rpn),
+                            "ranks": int(nodes) * int(rpn), "threads": int(threads),
+                            "budget": budget, "status": "missing"})
+                rows.append(row)
     rows.sort(key=lambda r: (budget_key(str(r["budget"])), int(r["ranks"] or 0), int(r["nodes"] or 0)))
     # Speedup and efficiency against the fewest-ranks successful row of the same budget.
     for budget in {r["budget"] for r in rows}:
@@ -181,8 +196,10 @@ def main():
         print(f"scaling_collect: plot -> {png}")
     bad = [r for r in rows if r["status"] != "ok"]
     for r in bad:
+        why = ("submitted but left no record: cancelled, timed out or never started"
+               if r["status"] == "missing" else f"exit {r['exit_code']}, job {r['job_id']}")
         print(f"scaling_collect: {r['nodes']} node(s) x {r['ranks_per_node']} rank(s), budget "
-              f"{r['budget']}: {r['status']} (exit {r['exit_code']}, job {r['job_id']})", file=sys.stderr)
+              f"{r['budget']}: {r['status']} ({why}; see {study}/logs)", file=sys.stderr)
     return 1 if bad else 0
 
 
