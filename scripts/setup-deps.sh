@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   python3 python3-numpy python3-h5py python3-yaml
   vmtouch time util-linux clang-format
+  slurm-wlm munge gnuplot-nox
 )
 
 missing=()
@@ -20,6 +21,15 @@ if ((${#missing[@]})); then
   SUDO=""
   [[ $(id -u) -ne 0 ]] && SUDO="sudo"
   echo "setup-deps: installing ${missing[*]}"
+  # slurm-wlm and munge ship daemons that would start with the distribution's /etc config on a
+  # machine without systemd; the tests run their own (slurm/testing/local-cluster.sh), so forbid
+  # service starts during the install unless a policy is already in place.
+  policy=/usr/sbin/policy-rc.d
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+    $SUDO chmod 755 "$policy"
+    trap '$SUDO rm -f "$policy"' EXIT
+  fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi

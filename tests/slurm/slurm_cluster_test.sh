@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The Slurm path against a real Slurm: starts a single-node cluster (slurm/testing/local-cluster.sh:
+# munged, slurmctld, slurmd from Debian's slurm-wlm, config in a temp folder), submits
+# slurm/catalog.sbatch and slurm/merge.sbatch with `sbatch --wait` on 2 tasks, checks exit codes
+# and job logs, checks the output byte for byte against direct `mpirun -np 2` runs, checks exit
+# code propagation and the requeue path, and runs slurm/scaling-study.sh with 1 and 2 ranks on two
+# budgets. The cluster is stopped in a trap, always.
+# Skips (exit 77) only when the cluster cannot start here (Slurm not installed, not root, daemons
+# failing); under CI (CI=true) or MERGEPIPE_REQUIRE_SLURM=1 that is a failure instead.
+source "$(dirname "$0")/../e2e/common.bash"
+SLURM_DIR="$(cd "${SLURM_SCRIPTS:-$TESTS_DIR/../slurm}" && pwd)"
+CLUSTER_SH="$SLURM_DIR/testing/local-cluster.sh"
+t_start=$SECONDS
+# Every wait is bounded by one deadline well inside CTest's TIMEOUT, so the trap below always gets
+# to stop the cluster (a test killed by CTest could not).
+deadline=$((SECONDS + ${SLURM_TEST_SECONDS:-720}))
+left() { echo $((deadline - SECONDS > 10 ? deadline - SECONDS : 10)); }
+
+# A short path: the munge and PMIx sockets live in the cluster folder (sun_path is 108 bytes).
+CLUSTER="$(mktemp -d /tmp/mergepipe-slurm.XXXXXX)"
+cleanup() {
+  local rc=$?
+  if ((rc != 0 && rc != 77)); then
+    for f in "$CLUSTER"/log/slurmctld.log "$CLUSTER"/log/slurmd.log; do
+      [[ -s "$f" ]] && { echo "---- tail of $f" >&2 && tail -n 20 "$f" >&2; }
+    done
+  fi
+  bash "$CLUSTER_SH" stop "$CLUSTER" >/dev/null 2>&1 || echo "WARNING: stopping the cluster in $CLUSTER failed" >&2
+  rm -rf "$CLUSTER"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+required=0
+[[ "${CI:-}" == true || "${MERGEPIPE_REQUIRE_SLURM:-0}" == 1 ]] && required=1
+rc=0
+bash "$CLUSTER_SH" start "$CLUSTER" >cluster-start.txt 2>&1 || rc=$?
+cat cluster-start.txt
+if ((rc != 0)); then
+  reason="$(grep -m1 'local-cluster:' cluster-start.txt || echo "local-cluster.sh start exited $rc")"
+  ((required)) && fail "Slurm is required here (CI=true or MERGEPIPE_REQUIRE_SLURM=1) but did not start: $reason"
+  echo "SKIP: no single-node Slurm cluster on this machine: $reason"
+  exit 77
+fi
+eval "$(bash "$CLUSTER_SH" env "$CLUSTER")"
+echo "cluster up after $((SECONDS - t_start)) s"
+
+mkdir -p logs
+"$MERGEPIPE" synth --preset tiny --experts 3 --seed 7 --out fam >/dev/null
+write_config ties.yaml ties fam 3
+export MERGEPIPE
+
+# submit NAME SCRIPT [sbatch options...]: sbatch --wait, the job's exit code in $job_rc, log in logs/NAME.out.
+submit() {
+  local name="$1" script="$2"
+  shift 2
+  job_rc=0
+  timeout "$(left)" sbatch --wait --parsable --output="$PWD/logs/$name.out" "$@" "$SLURM_DIR/$script" \
+    >"logs/$name.id" || job_rc=$?
+  ((job_rc != 124)) || fail "job $name did not finish before the test's deadline"
+  job_id="$(head -1 "logs/$name.id")"
+}
+log_has() {
+  grep -qF -- "$2" "logs/$1.out" || {
+    cat "logs/$1.out" >&2
+    fail "log of job $1 lacks '$2'"
+  }
+}
+
+# 1. Catalog and budgeted merge through Slurm: 2 tasks, srun --mpi=pmix.
+BASE=fam/base EXPERTS="fam/expert*" CATALOG=cat-slurm BLOCK_BYTES=4096 submit catalog catalog.sbatch --ntasks=2
+((job_rc == 0)) || { cat logs/catalog.out >&2 && fail "catalog.sbatch exited $job_rc"; }
+log_has catalog "running: srun --mpi=pmix"
+log_has catalog "--experts fam/expert00 fam/expert01 fam/expert02 --out cat-slurm --block-bytes 4096 --threads 1"
+log_has catalog "catalog.sbatch: exit 0"
+
+CONFIG=ties.yaml CATALOG=cat-slurm BUDGET=50% OUT=merged-slurm MPIIO_HINTS="cb_nodes=1,romio_cb_write=automatic" \
+  submit merge merge.sbatch --ntasks=2
+((job_rc == 0)) || { cat logs/merge.out >&2 && fail "merge.sbatch exited $job_rc"; }
+log_has merge "running: srun --mpi=pmix"
+log_has merge "--budget 50% --threads 1 --mpiio-hint cb_nodes=1 --mpiio-hint romio_cb_write=automatic"
+log_has merge "merge.sbatch: exit 0"
+merge_job="$job_id"
+scontrol show job "$merge_job" | grep -q 'Requeue=1' || fail "merge.sbatch is not requeueable"
+
+# 2. The same catalog and merge run directly with mpirun: byte-identical output, same plan.
+run_np 2 catalog --base fam/base --experts fam/expert00 fam/expert01 fam/expert02 --out cat-direct \
+  --block-bytes 4096 --threads 1 >/dev/null
+run_np 2 merge ties.yaml --catalog cat-direct --budget 50% --out merged-direct --threads 1 --quiet
+same_model_files merged-slurm merged-direct
+[[ "$(json_get merged-slurm/mergepipe.manifest.json plan_hash)" == "$(json_get merged-direct/mergepipe.manifest.json plan_hash)" ]] ||
+  fail "plan hash differs between the Slurm and the direct merge"
+[[ "$(json_get merged-slurm/mergepipe.manifest.json ranks)" == 2 ]] || fail "the Slurm merge did not run on 2 ranks"
+
+# 3. Full budget through Slurm with the mpirun launcher == the catalog-less naive merge (mpirun).
+CONFIG=ties.yaml CATALOG=cat-slurm BUDGET=100% OUT=full-slurm LAUNCHER=mpirun submit full merge.sbatch --ntasks=2
+((job_rc == 0)) || { cat logs/full.out >&2 && fail "merge.sbatch with LAUNCHER=mpirun exited $job_rc"; }
+log_has full "running: mpirun -np 2"
+run_np 2 merge ties.yaml --full-read --out full-direct --threads 1 --quiet
+same_model_files full-slurm full-direct
+
+# 4. Exit codes: a missing variable is a usage error; mergepipe's own code comes through srun.
+CONFIG=ties.yaml CATALOG=cat-slurm submit no-out merge.sbatch --ntasks=2
+((job_rc == 2)) || fail "merge.sbatch without OUT: expected exit 2, got $job_rc"
+log_has no-out "merge.sbatch: error: set OUT"
+CONFIG=ties.yaml CATALOG=cat-slurm BUDGET=lots OUT=bad-budget submit bad-budget merge.sbatch --ntasks=2
+((job_rc == 2)) || { cat logs/bad-budget.out >&2 && fail "bad budget: expected exit 2 through srun, got $job_rc"; }
+log_has bad-budget "mergepipe: error:"
+[[ ! -e bad-budget ]] || fail "a failed merge left bad-budget behind"
+
+# 5. Requeue: the finished merge job, requeued, runs the same command again; OUT is already
+# published, so it only verifies it, appending to the same log.
+scontrol requeue "$merge_job"
+scontrol update jobid="$merge_job" StartTime=now # requeued jobs otherwise wait ~2 minutes
+for ((i = 0; i < 120; i++)); do
+  [[ -z "$(squeue -h -j "$merge_job" -o %T 2>/dev/null)" ]] && break
+  sleep 0.5
+done
+[[ -z "$(squeue -h -j "$merge_job" -o %T 2>/dev/null)" ]] || fail "requeued job $job_id did not finish"
+scontrol show job "$merge_job" | grep -q 'ExitCode=0:0' || fail "requeued job failed: $(scontrol show job "$merge_job" | grep -o 'ExitCode=[^ ]*')"
+log_has merge "restart 1"
+log_has merge "already published by an earlier attempt; verifying it"
+[[ $(grep -c 'merge.sbatch: job' logs/merge.out) -eq 2 ]] || fail "the requeued run did not append to the log"
+same_model_files merged-slurm merged-direct
+echo "catalog/merge/requeue through Slurm ok after $((SECONDS - t_start)) s"
+
+# 6. Scaling study on one node: ranks 1 and 2, two budgets.
+bash "$SLURM_DIR/scaling-study.sh" --config ties.yaml --catalog cat-slurm --out study \
+  --nodes 1 --ranks-per-node "1 2" --threads 1 --budgets "50%,100%" --mergepipe "$MERGEPIPE" \
+  --timeout "$(left)" >study.txt 2>&1 || { cat study.txt >&2 && fail "scaling-study.sh failed"; }
+cat study.txt
+[[ -s study/scaling.png ]] || fail "no plot study/scaling.png"
+[[ "$(head -c 4 study/scaling.png | od -An -c | tr -d ' ')" == *PNG* ]] || fail "study/scaling.png is not a PNG"
+"$PYTHON" - <<'PY' || fail "study/scaling.csv is wrong"
+import csv
+rows = list(csv.DictReader(open("study/scaling.csv")))
+assert len(rows) == 4, rows
+cells = sorted((r["budget"], int(r["ranks"])) for r in rows)
+assert cells == [("100%", 1), ("100%", 2), ("50%", 1), ("50%", 2)], cells
+for r in rows:
+    assert r["status"] == "ok" and r["exit_code"] == "0", r
+    assert r["nodes"] == "1" and r["threads"] == "1", r
+    for k in ("wall_s", "job_wall_s", "throughput_MBps", "throughput_per_rank_MBps", "efficiency"):
+        assert float(r[k]) > 0, (k, r)
+    moved = int(r["base_bytes"]) + int(r["expert_bytes"]) + int(r["output_bytes"])
+    assert int(r["bytes_moved"]) == moved > 0, r
+    assert int(r["expert_bytes"]) <= int(r["budget_bytes"]), r
+    if r["ranks"] == "1":
+        assert float(r["efficiency"]) == 1.0, r
+for b in ("50%", "100%"):
+    same = [r for r in rows if r["budget"] == b]
+    assert len({r["plan_hash"] for r in same}) == 1, same  # plan independent of rank count
+    assert len({r["expert_bytes"] for r in same}) == 1, same
+half = [r for r in rows if r["budget"] == "50%"]
+full = [r for r in rows if r["budget"] == "100%"]
+assert int(half[0]["expert_bytes"]) < int(full[0]["expert_bytes"])
+print("scaling.csv ok")
+PY
+[[ -z "$(ls study/out)" ]] || fail "the study kept merged outputs without --keep-outputs"
+
+echo "slurm cluster test: ok in $((SECONDS - t_start)) s"
