@@ -125,7 +125,58 @@ log_has merge "already published by an earlier attempt; verifying it"
 same_model_files merged-slurm merged-direct
 echo "catalog/merge/requeue through Slurm ok after $((SECONDS - t_start)) s"
 
-# 6. Scaling study on one node: ranks 1 and 2, two budgets.
+# 6. Preemption: a merge requeued while it runs (Slurm kills it) starts again with the same
+# command, continues from its staging folder and publishes the same bytes as a direct run; its
+# log shows progress lines at the requested interval.
+"$MERGEPIPE" synth --preset qwen3-0.6b --layers 4 --hidden 512 --experts 3 --kinds full --seed 9 \
+  --out big >/dev/null
+run_np 2 catalog --base big/base --experts big/expert00 big/expert01 big/expert02 --out cat-big \
+  --block-bytes 256KiB --quiet
+write_config big.yaml ties big 3
+run_np 2 merge big.yaml --catalog cat-big --budget 70% --out big-direct --threads 1 --quiet
+blocks=$(json_get cat-big/catalog.json block_count)
+CONFIG=big.yaml CATALOG=cat-big BUDGET=70% OUT=big-slurm EXTRA_ARGS="--progress-interval 0.5" \
+  sbatch --parsable --ntasks=2 --output="$PWD/logs/preempt.out" "$SLURM_DIR/merge.sbatch" >logs/preempt.id
+preempt_job="$(head -1 logs/preempt.id)"
+journal_records() { cat .big-slurm.mergepipe-staging/journal-*.bin 2>/dev/null | wc -c | awk '{print int($1 / 32)}'; }
+until (($(journal_records) >= blocks / 5)); do
+  ((SECONDS < deadline)) || fail "the preemption job made no progress"
+  [[ -n "$(squeue -h -j "$preempt_job" -o %T 2>/dev/null)" ]] || fail "the merge ended before it could be preempted"
+  sleep 0.02
+done
+scontrol requeue "$preempt_job"
+killed_at=$(journal_records)
+((killed_at < blocks)) || fail "the merge had finished before the requeue"
+for ((i = 0; i < 200; i++)); do
+  squeue -h -j "$preempt_job" -o %T 2>/dev/null | grep -q PENDING && break
+  sleep 0.1
+done
+[[ ! -e big-slurm ]] || fail "a folder appeared at the target of the preempted merge"
+scontrol update jobid="$preempt_job" StartTime=now
+until [[ -z "$(squeue -h -j "$preempt_job" -o %T 2>/dev/null)" ]]; do
+  ((SECONDS < deadline)) || fail "the requeued merge did not finish"
+  sleep 0.2
+done
+scontrol show job "$preempt_job" | grep -q 'ExitCode=0:0' ||
+  { cat logs/preempt.out >&2 && fail "the requeued merge failed"; }
+log_has preempt "restart 1"
+grep -Eq "resumed +[1-9][0-9]* of $blocks blocks kept" logs/preempt.out ||
+  { cat logs/preempt.out >&2 && fail "the restarted job did not resume (killed at $killed_at of $blocks blocks)"; }
+same_model_files big-direct big-slurm
+# Progress: plain lines (a log file is no terminal), one per interval, then the final one.
+"$PYTHON" - logs/preempt.out <<'PY' || fail "progress lines missing or too far apart in the job log"
+import re, sys
+elapsed = [float(m.group(1)) * 60 + float(m.group(2)) for m in
+           re.finditer(r"^mergepipe: merge +[0-9.]+% .* elapsed (\d+):(\d+)", open(sys.argv[1]).read(), re.M)]
+assert len(elapsed) >= 3, elapsed
+gaps = [b - a for a, b in zip(elapsed, elapsed[1:]) if b >= a]
+assert max(gaps) <= 2, gaps  # 0.5 s interval; the clock text has 1 s resolution
+assert "\r" not in open(sys.argv[1]).read(), "a terminal bar in a log file"
+print(f"{len(elapsed)} progress lines, largest gap {max(gaps)} s")
+PY
+echo "preemption and resume through Slurm ok (killed at $killed_at of $blocks blocks)"
+
+# 7. Scaling study on one node: ranks 1 and 2, two budgets.
 bash "$SLURM_DIR/scaling-study.sh" --config ties.yaml --catalog cat-slurm --out study \
   --nodes 1 --ranks-per-node "1 2" --threads 1 --budgets "50%,100%" --mergepipe "$MERGEPIPE" \
   --timeout "$(left)" >study.txt 2>&1 || { cat study.txt >&2 && fail "scaling-study.sh failed"; }
