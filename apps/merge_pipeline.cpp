@@ -222,11 +222,14 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
     outcome.total_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
         options.plan_seconds;
-    record.timings = {
-        {"plan", options.plan_seconds},           {"threshold_scan", outcome.run.scan_seconds},
-        {"merge", outcome.run.merge_seconds},     {"read_wait", outcome.run.read_wait_seconds},
-        {"compute", outcome.run.compute_seconds}, {"write", outcome.run.write_seconds},
-        {"total", outcome.total_seconds}};
+    record.timings = {{"plan", options.plan_seconds},
+                      {"threshold_scan", outcome.run.scan_seconds},
+                      {"merge", outcome.run.merge_seconds},
+                      {"read_wait", outcome.run.read_wait_seconds},
+                      {"compute", outcome.run.compute_seconds},
+                      {"write", outcome.run.write_seconds},
+                      {"output_sync", outcome.run.finish_seconds},
+                      {"total", outcome.total_seconds}};
     outcome.manifest = make_manifest(record);
     io::write_text_file(staging->path() + "/" + kManifestFileName, outcome.manifest.dump(2) + "\n");
     staging->publish();

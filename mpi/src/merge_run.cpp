@@ -379,7 +379,9 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   });
   monitor.finish(failure.has_value());
   comm.check(failure, "merge");
+  const auto finish_start = Clock::now();
   output->finish();
+  const double finish_seconds = seconds_since(finish_start);
 
   // Output hashes of every block on rank 0: the confirmed claims plus what each rank merged.
   const auto parts = comm.gather(pack_hashes(mine), 0, "gather output hashes");
@@ -421,6 +423,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.compute_seconds = comm.allreduce_max(stats.compute_seconds, "reduce timings");
   result.write_seconds = comm.allreduce_max(stats.write_seconds, "reduce timings");
   result.scan_seconds = comm.allreduce_max(scan_seconds, "reduce timings");
+  result.finish_seconds = comm.allreduce_max(finish_seconds, "reduce timings");
   result.merge_seconds = comm.allreduce_max(seconds_since(t0), "reduce timings");
   result.max_rss_bytes = comm.allreduce_max(peak_rss_bytes(), "reduce rss");
   return result;

@@ -8,6 +8,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 rm -rf "$TEST_SCRATCH"
 mkdir -p "$TEST_SCRATCH"
 cd "$TEST_SCRATCH"
+# A passing test leaves no scratch behind (some hold GBs of synthetic weights); a failing one
+# keeps it for inspection. Tests with their own EXIT trap call remove_scratch_if_passed.
+remove_scratch_if_passed() {
+  local rc=$?
+  ((rc == 0)) && cd / && rm -rf "$TEST_SCRATCH"
+  return "$rc"
+}
+trap remove_scratch_if_passed EXIT
 
 fail() {
   echo "FAIL: $*" >&2

@@ -27,6 +27,7 @@ cleanup() {
   fi
   bash "$CLUSTER_SH" stop "$CLUSTER" >/dev/null 2>&1 || echo "WARNING: stopping the cluster in $CLUSTER failed" >&2
   rm -rf "$CLUSTER"
+  ((rc == 0)) && cd / && rm -rf "$TEST_SCRATCH"
   exit "$rc"
 }
 trap cleanup EXIT

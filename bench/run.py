@@ -1,0 +1,427 @@
+#!/usr/bin/env python3
+"""MergePipe benchmark driver (issue 5). Standard library only; plots with gnuplot.
+
+Every merge runs cold: the family's files (and the previous output) are evicted from the page
+cache first. Each group of merges sits next to a plain read of the same input files (`cat`, and
+bench/read_files with 4 threads; the faster one is the storage read bandwidth of that moment) and
+a write+fsync of an output-sized file (the write bandwidth), because this machine's disk speed
+drifts: every ratio reported comes from measurements taken side by side.
+
+  bench/run.py --suite all                 # everything below (about an hour on 2 cores)
+  bench/run.py --suite headline --reps 3   # K=20 TIES: full read vs 10% budget
+  bench/run.py --quick                     # a small family, one repetition (a smoke run)
+
+Suites: headline, k (expert I/O and wall time vs K), budget (wall time and deviation vs budget,
+for linear, ties and dare_ties), ranks (1 and 2 ranks, threads), warm (compute-bound throughput
+at 1 and 2 ranks, output on tmpfs), rss (peak RSS per rank for two presets).
+Output: one CSV row per run (--csv), a summary printed as markdown, and PNG plots (--plots).
+"""
+import argparse
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+FIELDS = ["suite", "preset", "experts", "method", "config", "budget", "ranks", "threads", "rep",
+          "wall_s", "expert_bytes", "base_bytes", "output_bytes", "bytes_moved", "read_bw",
+          "write_bw", "bound_s", "ratio", "speedup_vs_full", "full_wall_s", "read_once_s",
+          "peak_rss_bytes", "plan_s", "merge_s", "kernel_read_bytes", "deviation_rel_l2",
+          "throughput_bps"]
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+class Bench:
+    def __init__(self, args):
+        self.a = args
+        self.mp = os.path.join(args.build, "bin", "mergepipe")
+        self.reader = os.path.join(args.build, "bin", "read_files")
+        for exe in (self.mp, self.reader):
+            if not os.access(exe, os.X_OK):
+                sys.exit(f"run.py: {exe} missing: build first (scripts/build.sh release)")
+        os.makedirs(args.dir, exist_ok=True)
+        self.rows = []
+        self.csv_file = open(args.csv, "w", newline="")
+        self.csv = csv.DictWriter(self.csv_file, FIELDS)
+        self.csv.writeheader()
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def run(self, cmd, **kw):
+        return subprocess.run(cmd, env=ENV, check=True, **kw)
+
+    def evict(self, *paths):
+        existing = [p for p in paths if os.path.exists(p)]
+        if existing:
+            self.run([self.reader, "--evict", *existing])
+
+    def family(self, preset, experts, extra=()):
+        name = f"fam-{preset}-{experts}" + "".join(x.replace("-", "") for x in extra)
+        fam = os.path.join(self.a.dir, name)
+        if not os.path.exists(os.path.join(fam, "family.json")):
+            log(f"== synth {name}")
+            self.run([self.mp, "synth", "--preset", preset, "--experts", str(experts), "--seed", "1",
+                      "--out", fam, "--force", *extra], stdout=subprocess.DEVNULL)
+        cat = fam + ".catalog"
+        if not os.path.exists(os.path.join(cat, "catalog.json")):
+            self.evict(fam)
+            log(f"== catalog {name}")
+            t0 = time.monotonic()
+            self.run(["mpirun", "-np", "2", self.mp, "catalog", "--base", f"{fam}/base",
+                      "--experts", *self.experts(fam, experts), "--out", cat, "--quiet"])
+            meta = {"catalog_build_s": time.monotonic() - t0}
+            with open(cat + ".bench.json", "w") as f:
+                json.dump(meta, f)
+        return fam, cat
+
+    @staticmethod
+    def experts(fam, k):
+        return [f"{fam}/expert{i:02d}" for i in range(k)]
+
+    def config(self, fam, k, method):
+        path = os.path.join(self.a.dir, f"{os.path.basename(fam)}-{method}-k{k}.yaml")
+        with open(path, "w") as f:
+            f.write(f"merge_method: {method}\nbase_model: {fam}/base\nmodels:\n")
+            for e in self.experts(fam, k):
+                f.write(f"  - {{model: {e}, parameters: {{weight: 1.0, density: 0.5}}}}\n")
+            f.write("seed: 0\n")
+        return path
+
+    def input_files(self, fam, k):
+        files = []
+        for d in [f"{fam}/base"] + self.experts(fam, k):
+            files += sorted(os.path.join(d, n) for n in os.listdir(d) if n.endswith(".safetensors"))
+        return files
+
+    def read_bandwidth(self, files):
+        """Cold read of `files` once with cat and with read_files; the faster is the reference."""
+        total = sum(os.path.getsize(f) for f in files)
+        self.evict(*files)
+        t0 = time.monotonic()
+        with open(os.devnull, "wb") as null:
+            self.run(["cat", *files], stdout=null)
+        cat_s = time.monotonic() - t0
+        self.evict(*files)
+        out = self.run([self.reader, "--threads", "4", *files], capture_output=True, text=True)
+        par_s = json.loads(out.stdout)["seconds"]
+        best = min(cat_s, par_s)
+        log(f"   read {total / 1e9:.2f} GB: cat {cat_s:.2f} s, 4 threads {par_s:.2f} s")
+        return total / best, best
+
+    def write_bandwidth(self, nbytes):
+        path = os.path.join(self.a.dir, "write-probe.bin")
+        block = b"\x5a" * (16 << 20)
+        t0 = time.monotonic()
+        with open(path, "wb") as f:
+            left = nbytes
+            while left > 0:
+                f.write(block[: min(left, len(block))])
+                left -= len(block)
+            f.flush()
+            os.fsync(f.fileno())
+        seconds = time.monotonic() - t0
+        os.remove(path)
+        return nbytes / seconds
+
+    def merge(self, fam, cat, cfg, out, budget=None, ranks=2, threads=0, extra=()):
+        shutil.rmtree(out, ignore_errors=True)
+        self.evict(fam, cat)
+        cmd = ["mpirun", "-np", str(ranks), self.mp, "merge", cfg, "--out", out, "--quiet",
+               "--threads", str(threads), *extra]
+        cmd += ["--full-read"] if budget is None else ["--catalog", cat, "--budget", budget]
+        t0 = time.monotonic()
+        self.run(cmd)
+        os.sync()  # the wall time includes getting every output byte to storage
+        wall = time.monotonic() - t0
+        with open(os.path.join(out, "mergepipe.manifest.json")) as f:
+            m = json.load(f)
+        return wall, m
+
+    def deviation(self, out, reference):
+        r = self.run([self.mp, "verify", out, "--against", reference, "--json"], capture_output=True,
+                     text=True)
+        return json.loads(r.stdout)["relative_l2"]
+
+    def record(self, **row):
+        self.rows.append(row)
+        self.csv.writerow({k: row.get(k, "") for k in FIELDS})
+        self.csv_file.flush()
+
+    def row_from(self, suite, preset, k, method, config, budget, ranks, threads, rep, wall, m,
+                 read_bw, write_bw, input_bytes, **extra):
+        b = m["bytes_read"]
+        # What the run must move: for a full read every input byte once (a full-read TIES reads
+        # the experts twice, the second time from the page cache), else what it read.
+        reads = input_bytes if budget is None else b["base"] + b["expert"]
+        moved = reads + b["output_written"]
+        # Reads at the read bandwidth, the output at the write bandwidth (fsync included).
+        bound = reads / read_bw + b["output_written"] / write_bw
+        row = dict(suite=suite, preset=preset, experts=k, method=method, config=config,
+                   budget=budget or "full-read", ranks=ranks, threads=m["threads"], rep=rep,
+                   wall_s=round(wall, 3), expert_bytes=b["expert"], base_bytes=b["base"],
+                   output_bytes=b["output_written"], bytes_moved=moved, read_bw=round(read_bw),
+                   write_bw=round(write_bw), bound_s=round(bound, 3), ratio=round(wall / bound, 3),
+                   peak_rss_bytes=m["peak_rss_bytes"], plan_s=m["timings"]["plan"],
+                   merge_s=m["timings"]["merge"],
+                   kernel_read_bytes=m.get("kernel_io", {}).get("read_bytes", ""),
+                   throughput_bps=round(moved / wall))
+        row.update(extra)
+        return row
+
+    # ---- one group: reference reads, full read, budgeted merges, side by side -----------------
+    def group(self, suite, preset, k, method, budgets, rep, ranks=2, threads=0, deviation=False,
+              family_extra=()):
+        fam, cat = self.family(preset, max(k, self.a.family_experts if preset == self.a.preset else k),
+                               family_extra)
+        cfg = self.config(fam, k, method)
+        files = self.input_files(fam, k)
+        read_bw, read_once = self.read_bandwidth(files)
+        input_bytes = sum(os.path.getsize(f) for f in files)
+        out_dir = os.path.join(self.a.dir, "out")
+        full_out = os.path.join(self.a.dir, "out-full")
+        log(f"== {suite}: {preset} K={k} {method} ranks={ranks} rep={rep}")
+        wall_full, m_full = self.merge(fam, cat, cfg, full_out, None, ranks, threads)
+        write_bw = self.write_bandwidth(m_full["bytes_read"]["output_written"])
+        row = self.row_from(suite, preset, k, method, "full-read", None, ranks, threads, rep,
+                            wall_full, m_full, read_bw, write_bw, input_bytes, full_wall_s=round(wall_full, 3),
+                            read_once_s=round(read_once, 3), speedup_vs_full=1.0,
+                            deviation_rel_l2=0.0)
+        self.record(**row)
+        log(f"   full-read {wall_full:.2f} s ratio {row['ratio']:.2f}")
+        for budget in budgets:
+            wall, m = self.merge(fam, cat, cfg, out_dir, budget, ranks, threads)
+            dev = self.deviation(out_dir, full_out) if deviation else ""
+            row = self.row_from(suite, preset, k, method, f"budget {budget}", budget, ranks, threads,
+                                rep, wall, m, read_bw, write_bw, input_bytes, full_wall_s=round(wall_full, 3),
+                                read_once_s=round(read_once, 3),
+                                speedup_vs_full=round(wall_full / wall, 3), deviation_rel_l2=dev)
+            self.record(**row)
+            log(f"   budget {budget}: {wall:.2f} s ratio {row['ratio']:.2f} "
+                f"speedup {row['speedup_vs_full']:.2f}x")
+        shutil.rmtree(out_dir, ignore_errors=True)
+        shutil.rmtree(full_out, ignore_errors=True)
+
+    # ---- suites ------------------------------------------------------------------------------
+    def suite_headline(self):
+        for rep in range(self.a.reps):
+            self.group("headline", self.a.preset, self.a.family_experts, "ties", ["10%"], rep)
+
+    def suite_k(self):
+        for rep in range(self.a.reps):
+            for k in self.a.k_values:
+                for method in ("linear", "ties"):
+                    self.group("k", self.a.preset, k, method, ["10%"], rep)
+
+    def suite_budget(self):
+        for rep in range(self.a.reps):
+            for method in ("linear", "ties", "dare_ties"):
+                self.group("budget", self.a.preset, self.a.family_experts, method,
+                           ["100%", "50%", "25%", "10%", "5%"], rep, deviation=True)
+
+    def suite_ranks(self):
+        for rep in range(self.a.reps):
+            for ranks, threads in ((1, 1), (1, 2), (2, 1)):
+                self.group("ranks", self.a.preset, self.a.family_experts, "ties", ["10%"], rep,
+                           ranks=ranks, threads=threads)
+
+    def suite_warm(self):
+        """Compute-bound throughput: inputs in the page cache, output on tmpfs."""
+        fam, cat = self.family(self.a.warm_preset, 8, ("--layers", "8"))
+        shm = "/dev/shm/mergepipe-bench-warm"
+        for rep in range(self.a.reps):
+            for method in ("linear", "ties"):
+                cfg = self.config(fam, 8, method)
+                for ranks, threads in ((1, 1), (2, 1), (1, 2)):
+                    with open(os.devnull, "wb") as null:
+                        self.run(["cat", *self.input_files(fam, 8)], stdout=null)  # warm
+                    shutil.rmtree(shm, ignore_errors=True)
+                    cmd = ["mpirun", "-np", str(ranks), self.mp, "merge", cfg, "--catalog", cat,
+                           "--budget", "100%", "--out", shm, "--quiet", "--threads", str(threads)]
+                    t0 = time.monotonic()
+                    self.run(cmd)
+                    wall = time.monotonic() - t0
+                    with open(os.path.join(shm, "mergepipe.manifest.json")) as f:
+                        m = json.load(f)
+                    b = m["bytes_read"]
+                    moved = b["base"] + b["expert"] + b["output_written"]
+                    self.record(suite="warm", preset=self.a.warm_preset, experts=8, method=method,
+                                config=f"{ranks}x{threads}", budget="100%", ranks=ranks,
+                                threads=threads, rep=rep, wall_s=round(wall, 3),
+                                expert_bytes=b["expert"], base_bytes=b["base"],
+                                output_bytes=b["output_written"], bytes_moved=moved,
+                                merge_s=m["timings"]["merge"], plan_s=m["timings"]["plan"],
+                                peak_rss_bytes=m["peak_rss_bytes"],
+                                throughput_bps=round(moved / m["timings"]["merge"]))
+                    log(f"   warm {method} {ranks}x{threads}: merge {m['timings']['merge']:.2f} s "
+                        f"{moved / m['timings']['merge'] / 1e9:.2f} GB/s")
+        shutil.rmtree(shm, ignore_errors=True)
+
+    def suite_rss(self):
+        """Peak RSS per rank does not grow with model size: the same K and block size for the
+        main preset and for Llama-3.1-8B shapes (2 layers: 1 GiB embedding tensors)."""
+        self.group("rss", self.a.preset, 4, "ties", ["50%"], 0)
+        self.group("rss", "llama-3.1-8b", 4, "ties", ["50%"], 0, family_extra=("--layers", "2"))
+
+    # ---- report ------------------------------------------------------------------------------
+    def report(self):
+        """Medians over repetitions, one markdown row per configuration."""
+        def med(sel, f):
+            vals = [float(r[f]) for r in sel if r.get(f, "") != ""]
+            return statistics.median(vals) if vals else None
+
+        def fmt(v, spec, scale=1.0, suffix=""):
+            return "-" if v is None else format(v / scale, spec) + suffix
+
+        cols = ("suite", "preset", "experts", "method", "config", "ranks", "threads")
+        keys = []
+        for r in self.rows:
+            key = tuple(r[c] for c in cols)
+            if key not in keys:
+                keys.append(key)
+        print("\n| suite | preset | K | method | config | ranks x threads | reps | wall s | expert GB "
+              "| moved GB | bound s | wall / bound | speedup vs full read | peak RSS MiB | plan % "
+              "| rel. deviation |")
+        print("|" + " --- |" * 16)
+        for key in keys:
+            sel = [r for r in self.rows if tuple(r[c] for c in cols) == key]
+            wall, plan = med(sel, "wall_s"), med(sel, "plan_s")
+            print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {key[5]}x{key[6]} | "
+                  f"{len(sel)} | {fmt(wall, '.2f')} | {fmt(med(sel, 'expert_bytes'), '.2f', 1e9)} | "
+                  f"{fmt(med(sel, 'bytes_moved'), '.2f', 1e9)} | {fmt(med(sel, 'bound_s'), '.2f')} | "
+                  f"{fmt(med(sel, 'ratio'), '.2f')} | {fmt(med(sel, 'speedup_vs_full'), '.2f', 1, 'x')} | "
+                  f"{fmt(med(sel, 'peak_rss_bytes'), '.0f', 2**20)} | "
+                  f"{fmt(None if plan is None else 100 * plan / wall, '.3f')} | "
+                  f"{fmt(med(sel, 'deviation_rel_l2'), '.2e')} |")
+
+    def plots(self):
+        if not shutil.which("gnuplot"):
+            log("gnuplot missing: no plots (apt-get install gnuplot-nox)")
+            return
+        os.makedirs(self.a.plots, exist_ok=True)
+        data = os.path.join(self.a.plots, "plot-data")
+        os.makedirs(data, exist_ok=True)
+
+        def med(sel, f):
+            vals = [float(r[f]) for r in sel if r.get(f, "") != ""]
+            return statistics.median(vals) if vals else float("nan")
+
+        def dat(name, header, lines):
+            path = os.path.join(data, name)
+            with open(path, "w") as f:
+                f.write("# " + header + "\n" + "\n".join(lines) + "\n")
+            return path
+
+        scripts = []
+        k_rows = [r for r in self.rows if r["suite"] == "k"]
+        if k_rows:
+            lines = []
+            for k in sorted({r["experts"] for r in k_rows}):
+                cell = lambda m, c: [r for r in k_rows if r["experts"] == k and r["method"] == m
+                                     and r["config"] == c]
+                lines.append(" ".join(str(x) for x in (
+                    k, med(cell("ties", "full-read"), "expert_bytes") / 1e9,
+                    med(cell("ties", "budget 10%"), "expert_bytes") / 1e9,
+                    med(cell("ties", "full-read"), "wall_s"), med(cell("ties", "budget 10%"), "wall_s"),
+                    med(cell("linear", "full-read"), "wall_s"),
+                    med(cell("linear", "budget 10%"), "wall_s"))))
+            p = dat("k.dat", "K full_GB budget10_GB ties_full_s ties_10_s linear_full_s linear_10_s",
+                    lines)
+            scripts.append(f"""
+set output '{self.a.plots}/io_vs_k.png'; set multiplot layout 1,2 title 'Cold cache, 2 ranks, {self.a.preset}'
+set xlabel 'experts K'; set ylabel 'expert GB read'; set key left top
+plot '{p}' u 1:2 w lp t 'full read (TIES)', '' u 1:3 w lp t '10% budget (TIES)'
+set ylabel 'wall time s'
+plot '{p}' u 1:4 w lp t 'TIES full read', '' u 1:5 w lp t 'TIES 10%', '' u 1:6 w lp t 'linear full read', '' u 1:7 w lp t 'linear 10%'
+unset multiplot""")
+        b_rows = [r for r in self.rows if r["suite"] == "budget"]
+        if b_rows:
+            for method in ("linear", "ties", "dare_ties"):
+                lines = []
+                for budget in ("100%", "50%", "25%", "10%", "5%"):
+                    sel = [r for r in b_rows if r["method"] == method and r["budget"] == budget]
+                    if sel:
+                        lines.append(f"{budget[:-1]} {med(sel, 'wall_s')} {med(sel, 'bytes_moved') / 1e9} "
+                                     f"{med(sel, 'bound_s')} {med(sel, 'deviation_rel_l2')}")
+                full = [r for r in b_rows if r["method"] == method and r["config"] == "full-read"]
+                lines.append(f"# full-read {med(full, 'wall_s')}")
+                dat(f"budget-{method}.dat", "budget% wall_s moved_GB bound_s rel_dev", lines)
+            d = lambda m: os.path.join(data, f"budget-{m}.dat")
+            scripts.append(f"""
+set output '{self.a.plots}/wall_vs_budget.png'; set multiplot layout 1,2 title 'Cold cache, K={self.a.family_experts}, 2 ranks'
+set xlabel 'budget % of the full expert read'; set ylabel 'wall time s'; set key left top
+plot '{d("linear")}' u 1:2 w lp t 'linear', '{d("ties")}' u 1:2 w lp t 'ties', '{d("dare_ties")}' u 1:2 w lp t 'dare\\_ties', '{d("ties")}' u 1:4 w l dt 2 t 'I/O lower bound (ties)'
+set ylabel 'bytes moved GB'
+plot '{d("linear")}' u 1:3 w lp t 'linear', '{d("ties")}' u 1:3 w lp t 'ties', '{d("dare_ties")}' u 1:3 w lp t 'dare\\_ties'
+unset multiplot
+set output '{self.a.plots}/frontier.png'; set title 'Speed-fidelity frontier (K={self.a.family_experts}, budgets 5-50%)'
+set xlabel 'wall time s'; set ylabel 'relative L2 deviation from the full read'; set logscale y; set key right top
+plot '{d("linear")}' u 2:($5>0?$5:1/0):(sprintf('%d%%',$1)) w lp t 'linear', '' u 2:($5>0?$5:1/0):(sprintf('%d%%',$1)) w labels offset 1,0.5 notitle, \\
+     '{d("ties")}' u 2:($5>0?$5:1/0) w lp t 'ties', '{d("dare_ties")}' u 2:($5>0?$5:1/0) w lp t 'dare\\_ties'
+unset logscale y; unset title""")
+        w_rows = [r for r in self.rows if r["suite"] in ("warm", "ranks")]
+        if w_rows:
+            lines = []
+            for suite in ("warm", "ranks"):
+                for method in sorted({r["method"] for r in w_rows if r["suite"] == suite}):
+                    for cfg in ((1, 1), (1, 2), (2, 1)):
+                        sel = [r for r in w_rows if r["suite"] == suite and r["method"] == method
+                               and int(r["ranks"]) == cfg[0] and int(r["threads"]) == cfg[1]
+                               and r["config"] != "full-read"]
+                        if sel:
+                            lines.append(f"\"{suite} {method}\" {cfg[0]}x{cfg[1]} "
+                                         f"{med(sel, 'throughput_bps') / 1e9}")
+            p = dat("scaling.dat", "case ranks_x_threads GB/s", lines)
+            scripts.append(f"""
+set output '{self.a.plots}/scaling.png'; set title 'Throughput (bytes moved / s) by ranks x threads'
+set style data histogram; set style histogram cluster gap 1; set style fill solid 0.7; set ylabel 'GB/s'
+set xtics rotate by -20; set key off
+plot '{p}' u 3:xtic(sprintf('%s %s', stringcolumn(1), stringcolumn(2)))""")
+        script = "set terminal pngcairo size 1200,480 font ',10'\nset grid\n" + "\n".join(scripts)
+        path = os.path.join(data, "plots.gp")
+        with open(path, "w") as f:
+            f.write(script)
+        subprocess.run(["gnuplot", path], check=False)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", default="headline", help="comma-separated: headline,k,budget,ranks,"
+                   "warm,rss or all")
+    p.add_argument("--preset", default="qwen3-0.6b")
+    p.add_argument("--warm-preset", default="qwen3-0.6b")
+    p.add_argument("--family-experts", type=int, default=20, help="K of the main family")
+    p.add_argument("--k-values", default="2,5,10,20")
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--dir", default="/tmp/mergepipe-bench")
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--csv", default="bench-results.csv")
+    p.add_argument("--plots", default="bench-plots")
+    p.add_argument("--quick", action="store_true",
+                   help="small family (qwen3-0.6b shapes, 2 layers, hidden 512), K=4, one rep")
+    a = p.parse_args()
+    if a.quick:
+        a.family_experts, a.k_values, a.reps = 4, "2,4", 1
+    a.k_values = [int(x) for x in a.k_values.split(",")]
+    suites = ["headline", "k", "budget", "ranks", "warm", "rss"] if a.suite == "all" \
+        else a.suite.split(",")
+    b = Bench(a)
+    if a.quick:
+        orig = b.family
+        b.family = lambda preset, k, extra=(): orig(preset, k, tuple(extra) or
+                                                    ("--layers", "2", "--hidden", "512"))
+    for s in suites:
+        getattr(b, "suite_" + s)()
+    b.report()
+    b.plots()
+
+
+if __name__ == "__main__":
+    main()
