@@ -43,6 +43,14 @@ void CheckpointBlockReader::read(SourceId source, std::uint32_t tensor, std::uin
                 dst.size());
 }
 
+void CheckpointBlockReader::prefetch(SourceId source, std::uint32_t tensor,
+                                     std::uint64_t byte_begin, std::uint64_t length) {
+  const Opened& o = opened(source);
+  const CheckpointLocation& loc = *o.location;
+  if (tensor >= loc.tensor_file.size()) return;
+  o.files.at(loc.tensor_file[tensor]).will_need(loc.tensor_offset[tensor] + byte_begin, length);
+}
+
 std::string CheckpointBlockReader::describe(SourceId source, std::uint32_t tensor,
                                             std::uint64_t byte_begin, std::uint64_t length) const {
   const Opened& o = opened(source);

@@ -138,6 +138,11 @@ void File::advise_sequential() const {
   (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
 }
 
+void File::will_need(std::uint64_t offset, std::uint64_t length) const {
+  (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length),
+                        POSIX_FADV_WILLNEED);
+}
+
 void File::drop_cache(std::uint64_t offset, std::uint64_t length) const {
   (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length),
                         POSIX_FADV_DONTNEED);

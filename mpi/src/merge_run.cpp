@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "mergepipe/io/hdf5_handle.hpp"
 #include "mergepipe/io/output_layout.hpp"
 #include "mergepipe/io/resume_journal.hpp"
+#include "mergepipe/io/writeback.hpp"
 #include "mergepipe/mpi/output_sinks.hpp"
 #include "mergepipe/mpi/packing.hpp"
 #include "mergepipe/mpi/partition.hpp"
@@ -137,6 +139,22 @@ class RankObserver : public ExecutionObserver {
   io::JournalWriter& journal_;
   RunMonitor& monitor_;
   BlockHashes& done_;
+};
+
+// Hands each written range to the kernel's writeback at once (io/writeback.hpp).
+class WritebackSink : public OutputSink {
+ public:
+  explicit WritebackSink(StagedOutput& output) : output_(output) {}
+  void write(std::uint32_t tensor, std::uint64_t elem_begin,
+             std::span<const std::byte> bytes) override {
+    output_.write(tensor, elem_begin, bytes);
+    const OutputLocation where = output_.locate(tensor, elem_begin);
+    writeback_.start(where.path, where.offset, bytes.size());
+  }
+
+ private:
+  StagedOutput& output_;
+  io::WritebackStarter writeback_;
 };
 
 // The journal claims of an interrupted run that the staged output bears out. Collective: the
@@ -329,6 +347,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       };
     }
     RankObserver observer(journal, monitor, mine);
+    WritebackSink sink(*output);
     auto add = [](ExecutionStats& into, const ExecutionStats& s) {
       into.base_bytes += s.base_bytes;
       into.expert_bytes += s.expert_bytes;
@@ -340,7 +359,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       into.stopped = into.stopped || s.stopped;
     };
     if (!scan_thresholds_from_data) {
-      stats = execute_blocks(job, my_blocks, reader, *output, &observer);
+      stats = execute_blocks(job, my_blocks, reader, sink, &observer);
       return;
     }
     ThresholdScan scan;
@@ -352,8 +371,17 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     scan.prefetch_depth = options.prefetch_depth;
     scan.on_block = [&](std::uint64_t bytes) { monitor.add(bytes); };
     scan.stop_requested = [&] { return monitor.stop_requested(); };
-    for (const auto& window :
-         make_windows(my_tensors, task.tensors, experts + 1, options.window_bytes)) {
+    const auto windows = make_windows(my_tensors, task.tensors, experts + 1, options.window_bytes);
+    // While a window is merged (from the page cache) the storage would sit idle: have the kernel
+    // read the next window in the background meanwhile.
+    std::future<void> next_window;
+    auto read_ahead = [&](const std::vector<std::uint32_t>& window) {
+      for (std::uint32_t t : window)
+        for (int source = SourceId::kBase; source < static_cast<int>(experts); ++source)
+          reader.prefetch(SourceId{source}, t, 0, task.tensors[t].nbytes());
+    };
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+      const auto& window = windows[w];
       std::vector<std::uint32_t> unknown;
       for (std::uint32_t t : window)
         if (!thresholds.count(t)) unknown.push_back(t);
@@ -368,12 +396,15 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         for (std::size_t k = 0; k < experts; ++k)
           job.thresholds[k * tensor_count + t] = found[i][k];
       }
+      if (next_window.valid()) next_window.get();
+      if (w + 1 < windows.size())
+        next_window = std::async(std::launch::async, read_ahead, std::cref(windows[w + 1]));
       std::vector<std::uint32_t> blocks;
       for (std::uint32_t t : window)
         for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i)
           if (!done.count(blocking.first_block[t] + i))
             blocks.push_back(blocking.first_block[t] + i);
-      add(stats, execute_blocks(job, blocks, reader, *output, &observer));
+      add(stats, execute_blocks(job, blocks, reader, sink, &observer));
       if (stats.stopped) return;
     }
   });

@@ -34,6 +34,10 @@ class BlockReader {
   // tensor. Called concurrently from several I/O threads: must be thread-safe.
   virtual void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
                     std::span<std::byte> dst) = 0;
+  // A hint that these bytes will be read soon: a storage-backed reader starts fetching them in
+  // the background. Thread-safe; may take a while (call it off the critical path).
+  virtual void prefetch(SourceId /*source*/, std::uint32_t /*tensor*/, std::uint64_t /*byte_begin*/,
+                        std::uint64_t /*length*/) {}
   // Where those bytes live, for error messages ("dir/model.safetensors bytes a..b").
   virtual std::string describe(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
                                std::uint64_t length) const = 0;

@@ -23,6 +23,8 @@ class CheckpointBlockReader : public BlockReader {
                         ExpertAccess access = ExpertAccess::kExactRanges);
   void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
             std::span<std::byte> dst) override;
+  void prefetch(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+                std::uint64_t length) override;
   std::string describe(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
                        std::uint64_t length) const override;
 

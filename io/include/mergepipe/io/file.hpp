@@ -40,6 +40,8 @@ class File {
   void advise_random() const;
   void advise_sequential() const;
   void drop_cache(std::uint64_t offset = 0, std::uint64_t length = 0) const;
+  // Asks the kernel to start reading [offset, offset + length) into the page cache now.
+  void will_need(std::uint64_t offset, std::uint64_t length) const;
 
   int fd() const noexcept { return fd_; }
   const std::string& path() const noexcept { return path_; }

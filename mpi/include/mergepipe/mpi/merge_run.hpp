@@ -35,8 +35,8 @@ struct MergeRunOptions {
   std::vector<std::pair<std::string, std::string>> mpiio_hints;
   bool resume = false;  // output_dir holds an earlier attempt of this task: keep what checks out
   VerifyReads verify_reads = VerifyReads::kFirstPerFile;
-  std::uint64_t window_bytes = 4ull
-                               << 30;    // full-read TIES: input bytes per scan-then-merge window
+  // Full-read TIES: input bytes per scan-then-merge window (the page cache holds about two).
+  std::uint64_t window_bytes = std::uint64_t{2} << 30;
   ProgressListener* progress = nullptr;  // rank 0
 };
 
