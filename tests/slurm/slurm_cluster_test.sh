@@ -148,18 +148,20 @@ done
 scontrol requeue "$preempt_job"
 killed_at=$(journal_records)
 ((killed_at < blocks)) || fail "the merge had finished before the requeue"
-for ((i = 0; i < 200; i++)); do
-  squeue -h -j "$preempt_job" -o %T 2>/dev/null | grep -q PENDING && break
-  sleep 0.1
+job_field() { scontrol show job "$preempt_job" | tr ' ' '\n' | sed -n "s/^$1=//p" | head -1; }
+# The requeued job goes back to PENDING (held ~2 minutes unless released), then runs again.
+until [[ "$(job_field JobState)" == PENDING ]]; do
+  ((SECONDS < deadline)) || fail "the requeued merge never became pending ($(job_field JobState))"
+  sleep 0.2
 done
 [[ ! -e big-slurm ]] || fail "a folder appeared at the target of the preempted merge"
 scontrol update jobid="$preempt_job" StartTime=now
-until [[ -z "$(squeue -h -j "$preempt_job" -o %T 2>/dev/null)" ]]; do
-  ((SECONDS < deadline)) || fail "the requeued merge did not finish"
+until [[ "$(job_field JobState)" =~ ^(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL)$ ]]; do
+  ((SECONDS < deadline)) || fail "the requeued merge did not finish ($(job_field JobState))"
   sleep 0.2
 done
-scontrol show job "$preempt_job" | grep -q 'ExitCode=0:0' ||
-  { cat logs/preempt.out >&2 && fail "the requeued merge failed"; }
+[[ "$(job_field JobState)" == COMPLETED && "$(job_field ExitCode)" == 0:0 ]] ||
+  { cat logs/preempt.out >&2 && fail "the requeued merge ended $(job_field JobState) $(job_field ExitCode)"; }
 log_has preempt "restart 1"
 grep -Eq "resumed +[1-9][0-9]* of $blocks blocks kept" logs/preempt.out ||
   { cat logs/preempt.out >&2 && fail "the restarted job did not resume (killed at $killed_at of $blocks blocks)"; }

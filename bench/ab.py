@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""A/B comparison of two mergepipe builds (or two option sets) on the same cold merge, run
+alternately so the machine's drift hits both alike. Standard library only.
+
+  bench/ab.py --family FAM --experts 20 --method ties --budget 10% \\
+      --a /tmp/old/bin/mergepipe --b build/bin/mergepipe --reps 3
+  bench/ab.py ... --a build/bin/mergepipe --a-args "--io-threads 1" --b-args "--io-threads 4"
+
+Needs the family's catalog at FAM.catalog (bench/run.py makes both). Prints one line per run and
+the medians; --budget full runs --full-read.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", required=True)
+    p.add_argument("--experts", type=int, required=True)
+    p.add_argument("--method", default="ties")
+    p.add_argument("--budget", default="10%", help="a budget, or 'full' for --full-read")
+    p.add_argument("--a", required=True)
+    p.add_argument("--b", required=True)
+    p.add_argument("--a-args", default="")
+    p.add_argument("--b-args", default="")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reader", default=os.path.join(ROOT, "build", "bin", "read_files"))
+    a = p.parse_args()
+    fam = os.path.abspath(a.family)
+    cfg = os.path.join(os.path.dirname(fam), f"ab-{a.method}-{a.experts}.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"merge_method: {a.method}\nbase_model: {fam}/base\nmodels:\n")
+        for i in range(a.experts):
+            f.write(f"  - {{model: {fam}/expert{i:02d}, parameters: {{weight: 1.0, density: 0.5}}}}\n")
+    out = os.path.join(os.path.dirname(fam), "ab-out")
+    walls = {"A": [], "B": []}
+    for rep in range(a.reps):
+        for name, exe, extra in (("A", a.a, a.a_args), ("B", a.b, a.b_args)) if rep % 2 == 0 else \
+                (("B", a.b, a.b_args), ("A", a.a, a.a_args)):
+            shutil.rmtree(out, ignore_errors=True)
+            subprocess.run([a.reader, "--evict", fam, fam + ".catalog"], check=True)
+            cmd = ["mpirun", "-np", str(a.ranks), exe, "merge", cfg, "--out", out, "--quiet",
+                   *extra.split()]
+            cmd += ["--full-read"] if a.budget == "full" else ["--catalog", fam + ".catalog",
+                                                               "--budget", a.budget]
+            t0 = time.monotonic()
+            subprocess.run(cmd, env=ENV, check=True)
+            os.sync()
+            wall = time.monotonic() - t0
+            with open(os.path.join(out, "mergepipe.manifest.json")) as f:
+                t = json.load(f)["timings"]
+            walls[name].append(wall)
+            print(f"rep {rep} {name}: {wall:.2f} s  (merge {t['merge']:.2f}, read_wait "
+                  f"{t['read_wait']:.2f}, compute {t['compute']:.2f}, write {t['write']:.2f})",
+                  flush=True)
+    shutil.rmtree(out, ignore_errors=True)
+    ma, mb = statistics.median(walls["A"]), statistics.median(walls["B"])
+    print(f"median A {ma:.2f} s, B {mb:.2f} s, B/A {mb / ma:.3f}")
+
+
+if __name__ == "__main__":
+    main()
