@@ -41,6 +41,23 @@ void print_usage(std::FILE* out) {
     std::fprintf(out, "  %-9s %s\n", name.c_str(), cmd.summary);
 }
 
+// Errors are printed as exactly one line: control characters from hostile input (a tensor name
+// holding a newline, say) are shown escaped.
+std::string one_line(const char* message) {
+  std::string out;
+  for (const char* p = message; *p; ++p) {
+    const auto c = static_cast<unsigned char>(*p);
+    if (c < 0x20 || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else {
+      out += *p;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -69,16 +86,16 @@ int main(int argc, char** argv) {
     return it->second.run(ctx);
   } catch (const mergepipe::mpi::CollectiveError& e) {
     // Every rank knows; rank 0 speaks for the job.
-    if (root) std::fprintf(stderr, "mergepipe: error: %s\n", e.what());
+    if (root) std::fprintf(stderr, "mergepipe: error: %s\n", one_line(e.what()).c_str());
     return static_cast<int>(e.code());
   } catch (const mergepipe::Error& e) {
     // Only this rank knows: report it and take the job down so no rank waits forever.
-    std::fprintf(stderr, "mergepipe: error: %s\n", e.what());
+    std::fprintf(stderr, "mergepipe: error: %s\n", one_line(e.what()).c_str());
     std::fflush(stderr);
     if (comm.size() > 1) MPI_Abort(MPI_COMM_WORLD, static_cast<int>(e.code()));
     return static_cast<int>(e.code());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mergepipe: internal error: %s\n", e.what());
+    std::fprintf(stderr, "mergepipe: internal error: %s\n", one_line(e.what()).c_str());
     std::fflush(stderr);
     if (comm.size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;

@@ -797,12 +797,12 @@ void check_catalog_fresh(const Catalog& catalog) {
   const auto check = [](const FileIdentity& recorded) {
     const std::string prefix = "stale catalog: " + recorded.path +
                                " changed since it was catalogued (size/mtime/header differ: ";
-    FileIdentity now;
-    try {
-      now = stat_identity(recorded.path);
-    } catch (const Error&) {
-      throw InputError(prefix + "the file is missing or unreadable)");
-    }
+    // A missing file makes the catalog stale (exit 3); storage that fails to answer is an I/O
+    // error (exit 4) and is reported as such, with the file and offset.
+    std::error_code ec;
+    if (!std::filesystem::exists(recorded.path, ec) && !ec)
+      throw InputError(prefix + "the file is missing)");
+    const FileIdentity now = stat_identity(recorded.path);
     std::vector<std::string> diffs;
     if (now.size != recorded.size) {
       diffs.push_back("size " + std::to_string(recorded.size) + " -> " + std::to_string(now.size));
@@ -811,11 +811,11 @@ void check_catalog_fresh(const Catalog& catalog) {
     std::string header_hash;
     try {
       header_hash = read_safetensors_header(recorded.path).header_hash;
-    } catch (const Error&) {
-      header_hash.clear();
+    } catch (const InputError&) {
+      header_hash.clear();  // no longer a valid header: certainly changed
     }
     if (header_hash != recorded.header_hash) {
-      diffs.push_back(header_hash.empty() ? "header unreadable" : "header");
+      diffs.push_back(header_hash.empty() ? "header no longer valid" : "header");
     }
     if (diffs.empty()) return;
     std::string what;

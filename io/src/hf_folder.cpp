@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <string_view>
 
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/file.hpp"
@@ -97,27 +98,6 @@ void check_plain_file_name(const std::string& index_path, const std::string& ten
   }
 }
 
-// weight_map of an index file: tensor name -> shard file name, validated.
-std::map<std::string, std::string> read_weight_map(const std::string& index_path) {
-  const nlohmann::json index =
-      detail::parse_strict_json(read_text_file(index_path), index_path, "key");
-  if (!index.is_object()) throw InputError(index_path + ": not a JSON object");
-  const auto wm = index.find("weight_map");
-  if (wm == index.end()) throw InputError(index_path + ": no \"weight_map\"");
-  if (!wm->is_object()) throw InputError(index_path + ": \"weight_map\" is not an object");
-  if (wm->empty()) throw InputError(index_path + ": \"weight_map\" is empty");
-  std::map<std::string, std::string> out;
-  for (const auto& [tensor, file] : wm->items()) {
-    if (!file.is_string()) {
-      throw InputError(index_path + ": weight_map entry for tensor '" + tensor +
-                       "' is not a file name: " + file.dump());
-    }
-    check_plain_file_name(index_path, tensor, file.get<std::string>());
-    out.emplace(tensor, file.get<std::string>());
-  }
-  return out;
-}
-
 [[noreturn]] void throw_not_a_checkpoint(const std::string& dir) {
   std::size_t other_shards = 0;
   std::error_code ec;
@@ -134,6 +114,26 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
 }
 
 }  // namespace
+
+std::map<std::string, std::string> parse_index_weight_map(std::string_view text,
+                                                          const std::string& index_path) {
+  const nlohmann::json index = detail::parse_strict_json(text, index_path, "key");
+  if (!index.is_object()) throw InputError(index_path + ": not a JSON object");
+  const auto wm = index.find("weight_map");
+  if (wm == index.end()) throw InputError(index_path + ": no \"weight_map\"");
+  if (!wm->is_object()) throw InputError(index_path + ": \"weight_map\" is not an object");
+  if (wm->empty()) throw InputError(index_path + ": \"weight_map\" is empty");
+  std::map<std::string, std::string> out;
+  for (const auto& [tensor, file] : wm->items()) {
+    if (!file.is_string()) {
+      throw InputError(index_path + ": weight_map entry for tensor '" + tensor +
+                       "' is not a file name: " + detail::brief_dump(file));
+    }
+    check_plain_file_name(index_path, tensor, file.get<std::string>());
+    out.emplace(tensor, file.get<std::string>());
+  }
+  return out;
+}
 
 Checkpoint open_checkpoint(const std::string& dir) {
   std::error_code ec;
@@ -153,11 +153,13 @@ Checkpoint open_checkpoint(const std::string& dir) {
   } else if (exists_no_follow(join(dir, kIndexFile))) {
     index_path = join(dir, kIndexFile);
     check_inside_folder(dir, roots, kIndexFile, dir);
-    weight_map = read_weight_map(index_path);
-    std::set<std::string> shards;
-    for (const auto& [tensor, file] : *weight_map) shards.insert(file);
-    for (const std::string& file : shards) {
-      check_inside_folder(dir, roots, file, index_path);
+    weight_map = parse_index_weight_map(read_text_file(index_path), index_path);
+    // Each shard once, named in errors with the first tensor the index puts in it.
+    std::map<std::string, std::string> first_tensor_of_shard;
+    for (const auto& [tensor, file] : *weight_map) first_tensor_of_shard.emplace(file, tensor);
+    for (const auto& [file, tensor] : first_tensor_of_shard) {
+      check_inside_folder(dir, roots, file,
+                          index_path + ": weight_map entry for tensor '" + tensor + "'");
       ckpt.shard_names.push_back(file);
     }
   } else {

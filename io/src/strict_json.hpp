@@ -13,6 +13,10 @@ namespace mergepipe::io::detail {
 nlohmann::json parse_strict_json(std::string_view text, const std::string& what,
                                  const std::string& top_level_noun = "key");
 
+// A JSON value for an error message: compact, and cut to about `max_chars` characters so a
+// hostile header cannot make a message (or its formatting) huge.
+std::string brief_dump(const nlohmann::json& value, std::size_t max_chars = 80);
+
 // nlohmann's message without its "[json.exception.parse_error.101] " prefix.
 std::string json_error_text(const std::exception& e);
 
