@@ -21,6 +21,7 @@
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hdf5_handle.hpp"
 #include "mergepipe/io/safetensors.hpp"
+#include "strict_json.hpp"
 
 namespace mergepipe::io {
 
@@ -302,11 +303,14 @@ class H5Reader {
   explicit H5Reader(const std::string& path) : path_(path) {
     h5::silence_hdf5_errors();
     if (!fs::exists(path)) throw InputError(path + ": catalog file is missing");
+    // Opening it ourselves first tells storage errors (exit 4, with errno) from damaged content.
+    (void)File(path, File::Mode::kRead);
     const htri_t is_h5 = H5Fis_hdf5(path.c_str());
     if (is_h5 == 0) throw InputError(path + ": not an HDF5 file");
     Handle fapl = file_access_plist(path);
-    file_ =
-        checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), Kind::kFile, "H5Fopen", path);
+    const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
+    if (id < 0) throw InputError(path + ": HDF5 cannot open it (damaged or truncated catalog?)");
+    file_ = Handle(id, Kind::kFile);
   }
 
   // True when every component of `object` (absolute, "/a/b/c") exists.
@@ -671,7 +675,7 @@ Catalog load_catalog(const std::string& path) {
     }
     if (summary.contains("totals")) c.build_seconds = summary["totals"].value("build_seconds", 0.0);
   } catch (const json::exception& e) {
-    throw InputError(json_path + ": malformed catalog summary: " + e.what());
+    throw InputError(json_path + ": malformed catalog summary: " + detail::json_error_text(e));
   }
 
   H5Reader r(h5_path);
