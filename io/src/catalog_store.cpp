@@ -20,6 +20,7 @@
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hdf5_handle.hpp"
+#include "mergepipe/io/hdf5_image.hpp"
 #include "mergepipe/io/safetensors.hpp"
 #include "strict_json.hpp"
 
@@ -72,6 +73,8 @@ std::string expert_group_name(std::size_t k) {
   return buf;
 }
 
+constexpr std::size_t kCoreIncrement = 1 << 20;  // in-memory file growth step while writing
+
 Handle file_access_plist(const std::string& path) {
   Handle fapl = checked(H5Pcreate(H5P_FILE_ACCESS), Kind::kPropertyList, "H5Pcreate", path);
   // File locking fails on some shared file systems; a catalog is written once and then only read.
@@ -89,16 +92,19 @@ Handle fixed_string_type(std::size_t size, const std::string& context) {
 // ---------------------------------------------------------------------------------------------
 // Writing
 
+// Builds the file in memory (see hdf5_image.hpp); finish() returns its bytes for the caller to
+// write, so a full disk is reported by our own write with its errno.
 class H5Writer {
  public:
   explicit H5Writer(const std::string& path) : path_(path) {
     h5::silence_hdf5_errors();
     Handle fapl = file_access_plist(path);
+    h5::in_memory_file_access(fapl.get(), kCoreIncrement, path);
     // The 1.10 object formats (readable by HDF5 >= 1.10, h5py and h5dump of this stack) index a
     // single-chunk dataset without a B-tree: several KiB less per dataset.
     check_status(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110),
                  "H5Pset_libver_bounds", path);
-    file_ = checked(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), Kind::kFile,
+    file_ = checked(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), Kind::kFile,
                     "H5Fcreate", path);
     deflate_ = H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0 && H5Zfilter_avail(H5Z_FILTER_SHUFFLE) > 0;
   }
@@ -152,8 +158,11 @@ class H5Writer {
     check_status(H5Awrite(attr.get(), type.get(), buf.data()), "H5Awrite", ctx);
   }
 
-  void close() {
+  // The complete file image; the in-memory file is closed.
+  std::vector<std::byte> finish() {
+    std::vector<std::byte> image = h5::file_image(file_.get(), path_);
     if (!file_.reset()) throw IoError("HDF5 H5Fclose failed for " + path_);
+    return image;
   }
 
  private:
@@ -292,7 +301,8 @@ void write_h5(const Catalog& c, const std::string& path) {
     w.attribute(g.get(), "dir", e.location.dir, gname);
   }
   experts.reset();
-  w.close();
+  const std::vector<std::byte> image = w.finish();
+  File(path, File::Mode::kCreateWrite).write_at(0, image);
 }
 
 // ---------------------------------------------------------------------------------------------
