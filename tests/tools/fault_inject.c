@@ -11,6 +11,8 @@
 //   MERGEPIPE_FAULT_SLOW_PATH=PREFIX    read-family calls on files under PREFIX first sleep
 //   MERGEPIPE_FAULT_SLOW_MS=MS          MS milliseconds (a tiny merge then lasts long enough to
 //                                       be killed or raced, deterministically and without CPU)
+//   MERGEPIPE_FAULT_SLOW_RENAME=TEXT    rename() of a path containing TEXT first sleeps
+//                                       MERGEPIPE_FAULT_SLOW_MS (widens a publication window)
 //   MERGEPIPE_FAULT_RANK=R              only in the MPI rank R (OMPI_COMM_WORLD_RANK or PMI_RANK)
 //
 // A file is recognised by its path in /proc/self/fd, so faults follow the file, not the call site.
@@ -30,6 +32,7 @@ static long enospc_room;  // bytes still accepted under the prefix
 static const char* eio_file;
 static long eio_remaining;  // decremented atomically: ranks run reader threads
 static const char* slow_prefix;
+static const char* slow_rename;
 static long slow_ms;
 
 // Read once, before main: the configuration never changes during a run.
@@ -47,6 +50,7 @@ __attribute__((constructor)) static void read_configuration(void) {
   const char* count = getenv("MERGEPIPE_FAULT_EIO_COUNT");
   eio_remaining = count ? strtol(count, NULL, 10) : 1;
   slow_prefix = getenv("MERGEPIPE_FAULT_SLOW_PATH");
+  slow_rename = getenv("MERGEPIPE_FAULT_SLOW_RENAME");
   const char* ms = getenv("MERGEPIPE_FAULT_SLOW_MS");
   slow_ms = ms ? strtol(ms, NULL, 10) : 100;
 }
@@ -155,4 +159,9 @@ ssize_t preadv2(int fd, const struct iovec* iov, int count, off_t offset, int fl
   slow_down(fd);
   if (read_fails(fd)) return -1;
   return NEXT(preadv2)(fd, iov, count, offset, flags);
+}
+
+int rename(const char* from, const char* to) {
+  if (slow_rename && strstr(from, slow_rename)) usleep(slow_ms * 1000);
+  return NEXT(rename)(from, to);
 }
