@@ -32,23 +32,8 @@ using nlohmann::json;
   throw InputError(path + ": invalid safetensors file: " + problem);
 }
 
-// How a tensor is named in messages: control characters escaped (the message stays one line)
-// and a hostile multi-megabyte name cut short.
 std::string tensor_label(const std::string& name) {
-  constexpr std::size_t kMaxShown = 200;
-  std::string shown;
-  for (std::size_t i = 0; i < name.size() && i < kMaxShown; ++i) {
-    const auto c = static_cast<unsigned char>(name[i]);
-    if (c < 0x20 || c == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", c);
-      shown += hex;
-    } else {
-      shown += name[i];
-    }
-  }
-  if (name.size() > kMaxShown) shown += "...";
-  return "tensor '" + shown + "'";
+  return "tensor '" + detail::printable(name) + "'";
 }
 
 std::uint64_t load_u64_le(const std::byte* p) {

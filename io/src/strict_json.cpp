@@ -1,5 +1,6 @@
 #include "strict_json.hpp"
 
+#include <cstdio>
 #include <optional>
 #include <unordered_set>
 #include <vector>
@@ -69,6 +70,22 @@ std::string brief_dump(const nlohmann::json& value, std::size_t max_chars) {
     out += "...";
   }
   return out;
+}
+
+std::string printable(std::string_view name, std::size_t max_bytes) {
+  std::string shown;
+  for (std::size_t i = 0; i < name.size() && i < max_bytes; ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      shown += hex;
+    } else {
+      shown += name[i];
+    }
+  }
+  if (name.size() > max_bytes) shown += "...";
+  return shown;
 }
 
 nlohmann::json parse_strict_json(std::string_view text, const std::string& what,

@@ -301,6 +301,15 @@ TEST(HfFolder, MissingShardNamesTheIndexEntry) {
       << msg;
 }
 
+TEST(HfFolder, RefusesAHugeIndexBeforeReadingIt) {
+  TempDir dir;
+  write_sharded(dir.path());
+  const std::string index = dir.file("model.safetensors.index.json");
+  fs::resize_file(index, kMaxHeaderBytes + 1);  // sparse: nothing is written
+  EXPECT_NE(open_error(dir.path()).find(index + ": 100000001 bytes, more than the limit"),
+            std::string::npos);
+}
+
 TEST(HfFolder, RejectsFoldersThatAreNotCheckpoints) {
   TempDir dir;
   EXPECT_NE(open_error(dir.path()).find("not a Hugging Face checkpoint folder"), std::string::npos);
