@@ -15,9 +15,12 @@ targets=("$@")
 if ((${#targets[@]} == 0)); then
   for src in tests/fuzz/*_fuzz.cpp; do targets+=("$(basename "$src" .cpp)"); done
 fi
+# Fixture files a target needs live here, wiped before each run.
+export MERGEPIPE_FUZZ_SCRATCH="$PWD/build-fuzz/scratch"
 for t in "${targets[@]}"; do
   work="build-fuzz/corpus/$t" artifacts="build-fuzz/artifacts/$t"
-  mkdir -p "$work" "$artifacts"
+  rm -rf "$MERGEPIPE_FUZZ_SCRATCH"
+  mkdir -p "$work" "$artifacts" "$MERGEPIPE_FUZZ_SCRATCH"
   echo "fuzz: $t for ${seconds}s"
   if ! "build-fuzz/bin/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
       -print_final_stats=1 -artifact_prefix="$artifacts/" "$work" "tests/fuzz/corpus/$t" \

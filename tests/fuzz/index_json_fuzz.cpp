@@ -23,10 +23,18 @@ namespace fs = std::filesystem;
 
 class FixtureFolder {
  public:
+  // Under $MERGEPIPE_FUZZ_SCRATCH when set (scripts/fuzz.sh: libFuzzer ends a timed run with
+  // _Exit, so no destructor removes the folder), else a fresh folder in /tmp.
   FixtureFolder() {
-    char pattern[] = "/tmp/mergepipe-index-fuzz-XXXXXX";
-    if (!::mkdtemp(pattern)) std::abort();
-    root_ = pattern;
+    if (const char* scratch = std::getenv("MERGEPIPE_FUZZ_SCRATCH")) {
+      root_ = std::string(scratch) + "/index-json-" + std::to_string(::getpid());
+      fs::remove_all(root_);
+      fs::create_directories(root_);
+    } else {
+      char pattern[] = "/tmp/mergepipe-index-fuzz-XXXXXX";
+      if (!::mkdtemp(pattern)) std::abort();
+      root_ = pattern;
+    }
     dir_ = root_ + "/model";
     fs::create_directories(dir_ + "/sub");
     const std::byte zeros[16] = {};
