@@ -12,7 +12,7 @@ source "$(dirname "$0")/common.bash"
 run_np 2 catalog --base fam/base --experts fam/expert00 fam/expert01 --out cat >/dev/null
 write_config c.yaml linear fam 2
 slow=(env LD_PRELOAD="$FAULT_INJECT" MERGEPIPE_FAULT_SLOW_PATH="$TEST_SCRATCH/fam/"
-      MERGEPIPE_FAULT_SLOW_MS=100 ASAN_OPTIONS="${ASAN_OPTIONS:-}:verify_asan_link_order=0")
+      MERGEPIPE_FAULT_SLOW_MS=150 ASAN_OPTIONS="${ASAN_OPTIONS:-}:verify_asan_link_order=0")
 mpi2=("$MPIEXEC" -np 2 --oversubscribe "$MERGEPIPE")
 
 # pid_of_rank TARGET RANK: the pid of that rank of the running merge to TARGET.
@@ -54,8 +54,13 @@ echo "ok: rank 1's error on rank 0"
   >killed.out 2>&1 &
 job=$!
 wait_for .killed.mergepipe-staging/model.safetensors
-sleep 1
-victim="$(pid_of_rank killed 1)" || fail "rank 1 of the merge is not running"
+victim=""
+for ((i = 0; i < 300; ++i)); do
+  kill -0 "$job" 2>/dev/null || { cat killed.out >&2; fail "the merge ended before rank 1 could be killed"; }
+  victim="$(pid_of_rank killed 1)" && break
+  sleep 0.1
+done
+[[ -n "$victim" ]] || fail "rank 1 of the merge never showed up"
 kill -9 "$victim"
 start=$SECONDS
 rc=0
