@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +22,12 @@
 namespace mergepipe::app {
 
 namespace {
+
+bool same_folder(const std::string& a, const std::string& b) {
+  if (normalize_checkpoint_dir(a) == normalize_checkpoint_dir(b)) return true;
+  std::error_code ec;
+  return std::filesystem::equivalent(a, b, ec);
+}
 
 int run_check(CommandContext& ctx, const std::string& path) {
   std::string summary;
@@ -90,20 +97,28 @@ int cmd_catalog(CommandContext& ctx) {
 
   // An existing catalog is extended (unless --force): every rank needs its structure.
   std::vector<std::string> skipped;
-  ctx.comm.check(mpi::capture_failure([&] {
-                   if (!io::is_catalog_folder(out)) return;
-                   if (force) return;
-                   Catalog existing = io::load_catalog(out);
-                   if (ctx.comm.is_root()) io::check_catalog_fresh(existing);
-                   if (block_bytes != 0 && block_bytes != existing.blocking.block_bytes) {
-                     throw UsageError("catalog: " + out + " was built with --block-bytes " +
-                                      std::to_string(existing.blocking.block_bytes) +
-                                      "; pass --force to rebuild it with " +
-                                      std::to_string(block_bytes));
-                   }
-                   build.existing = std::move(existing);
-                 }),
-                 "catalog: opening the existing catalog");
+  ctx.comm.check(
+      mpi::capture_failure([&] {
+        if (!io::is_catalog_folder(out)) return;
+        if (force) return;
+        Catalog existing = io::load_catalog(out);
+        if (ctx.comm.is_root()) io::check_catalog_fresh(existing);
+        // Same-architecture families share a family id (it hashes headers only), so
+        // only the folder tells another family's base from this one's.
+        if (!same_folder(base, existing.base.dir)) {
+          throw InputError("catalog: " + out + " was built from the base " + existing.base.dir +
+                           ", not " + normalize_checkpoint_dir(base) +
+                           " (a catalog of another family?); use another --out, or "
+                           "--force to rebuild it");
+        }
+        if (block_bytes != 0 && block_bytes != existing.blocking.block_bytes) {
+          throw UsageError("catalog: " + out + " was built with --block-bytes " +
+                           std::to_string(existing.blocking.block_bytes) +
+                           "; pass --force to rebuild it with " + std::to_string(block_bytes));
+        }
+        build.existing = std::move(existing);
+      }),
+      "catalog: opening the existing catalog");
   for (const std::string& dir : experts) {
     if (build.existing && build.existing->find_expert(dir) >= 0) {
       skipped.push_back(dir);

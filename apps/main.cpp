@@ -42,6 +42,23 @@ void print_usage(std::FILE* out) {
     std::fprintf(out, "  %-9s %s\n", name.c_str(), cmd.summary);
 }
 
+// Errors are printed as exactly one line: control characters from hostile input (a tensor name
+// holding a newline, say) are shown escaped.
+std::string one_line(const char* message) {
+  std::string out;
+  for (const char* p = message; *p; ++p) {
+    const auto c = static_cast<unsigned char>(*p);
+    if (c < 0x20 || c == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else {
+      out += *p;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -73,7 +90,7 @@ int main(int argc, char** argv) {
       mergepipe::app::print_json_line(
           {{"event", "error"}, {"command", argv[1]}, {"code", code}, {"message", message}}, true);
     } else {
-      std::fprintf(stderr, "mergepipe: %s: %s\n", kind, message);
+      std::fprintf(stderr, "mergepipe: %s: %s\n", kind, one_line(message).c_str());
       std::fflush(stderr);
     }
   };

@@ -187,7 +187,10 @@ std::unique_ptr<ProgressListener> make_progress_display(const OutputStyle& style
 
 void print_json_line(const nlohmann::ordered_json& event, bool to_stderr) {
   std::FILE* out = to_stderr ? stderr : stdout;
-  std::fprintf(out, "%s\n", event.dump().c_str());
+  // Invalid UTF-8 from hostile input (a tensor name) is replaced, never thrown.
+  const std::string text =
+      event.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  std::fprintf(out, "%s\n", text.c_str());
   std::fflush(out);
 }
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package MergePipe needs to build, test, benchmark and demo. Idempotent.
+# Installs every Debian 12 package MergePipe needs to build, test, fuzz, benchmark and demo.
+# Idempotent.
 set -euo pipefail
 
 PACKAGES=(
@@ -11,6 +12,7 @@ PACKAGES=(
   python3 python3-numpy python3-h5py python3-yaml
   vmtouch time util-linux clang-format
   slurm-wlm munge gnuplot-nox
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds, and runs the whole test suite through CTest: the release build,
-# then the ASan+UBSan build (skip the latter with MERGEPIPE_SKIP_ASAN=1).
+# then the ASan+UBSan build (skip the latter with MERGEPIPE_SKIP_ASAN=1), then each libFuzzer
+# target for MERGEPIPE_FUZZ_SECONDS (default 30; 0 skips fuzzing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -14,4 +15,9 @@ ctest --preset release -j "$jobs" --timeout 900
 if [[ "${MERGEPIPE_SKIP_ASAN:-0}" != 1 ]]; then
   scripts/build.sh asan
   ctest --preset asan -j "$jobs" --timeout 1800
+fi
+
+fuzz_seconds="${MERGEPIPE_FUZZ_SECONDS:-30}"
+if ((fuzz_seconds > 0)); then
+  scripts/fuzz.sh "$fuzz_seconds"
 fi

@@ -20,7 +20,9 @@
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hdf5_handle.hpp"
+#include "mergepipe/io/hdf5_image.hpp"
 #include "mergepipe/io/safetensors.hpp"
+#include "strict_json.hpp"
 
 namespace mergepipe::io {
 
@@ -71,6 +73,8 @@ std::string expert_group_name(std::size_t k) {
   return buf;
 }
 
+constexpr std::size_t kCoreIncrement = 1 << 20;  // in-memory file growth step while writing
+
 Handle file_access_plist(const std::string& path) {
   Handle fapl = checked(H5Pcreate(H5P_FILE_ACCESS), Kind::kPropertyList, "H5Pcreate", path);
   // File locking fails on some shared file systems; a catalog is written once and then only read.
@@ -88,16 +92,19 @@ Handle fixed_string_type(std::size_t size, const std::string& context) {
 // ---------------------------------------------------------------------------------------------
 // Writing
 
+// Builds the file in memory (see hdf5_image.hpp); finish() returns its bytes for the caller to
+// write, so a full disk is reported by our own write with its errno.
 class H5Writer {
  public:
   explicit H5Writer(const std::string& path) : path_(path) {
     h5::silence_hdf5_errors();
     Handle fapl = file_access_plist(path);
+    h5::in_memory_file_access(fapl.get(), kCoreIncrement, path);
     // The 1.10 object formats (readable by HDF5 >= 1.10, h5py and h5dump of this stack) index a
     // single-chunk dataset without a B-tree: several KiB less per dataset.
     check_status(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110),
                  "H5Pset_libver_bounds", path);
-    file_ = checked(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), Kind::kFile,
+    file_ = checked(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), Kind::kFile,
                     "H5Fcreate", path);
     deflate_ = H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0 && H5Zfilter_avail(H5Z_FILTER_SHUFFLE) > 0;
   }
@@ -151,8 +158,11 @@ class H5Writer {
     check_status(H5Awrite(attr.get(), type.get(), buf.data()), "H5Awrite", ctx);
   }
 
-  void close() {
+  // The complete file image; the in-memory file is closed.
+  std::vector<std::byte> finish() {
+    std::vector<std::byte> image = h5::file_image(file_.get(), path_);
     if (!file_.reset()) throw IoError("HDF5 H5Fclose failed for " + path_);
+    return image;
   }
 
  private:
@@ -293,7 +303,8 @@ void write_h5(const Catalog& c, const std::string& path) {
     w.attribute(g.get(), "dir", e.location.dir, gname);
   }
   experts.reset();
-  w.close();
+  const std::vector<std::byte> image = w.finish();
+  File(path, File::Mode::kCreateWrite).write_at(0, image);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -304,11 +315,14 @@ class H5Reader {
   explicit H5Reader(const std::string& path) : path_(path) {
     h5::silence_hdf5_errors();
     if (!fs::exists(path)) throw InputError(path + ": catalog file is missing");
+    // Opening it ourselves first tells storage errors (exit 4, with errno) from damaged content.
+    (void)File(path, File::Mode::kRead);
     const htri_t is_h5 = H5Fis_hdf5(path.c_str());
     if (is_h5 == 0) throw InputError(path + ": not an HDF5 file");
     Handle fapl = file_access_plist(path);
-    file_ =
-        checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), Kind::kFile, "H5Fopen", path);
+    const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
+    if (id < 0) throw InputError(path + ": HDF5 cannot open it (damaged or truncated catalog?)");
+    file_ = Handle(id, Kind::kFile);
   }
 
   // True when every component of `object` (absolute, "/a/b/c") exists.
@@ -673,7 +687,7 @@ Catalog load_catalog(const std::string& path) {
     }
     if (summary.contains("totals")) c.build_seconds = summary["totals"].value("build_seconds", 0.0);
   } catch (const json::exception& e) {
-    throw InputError(json_path + ": malformed catalog summary: " + e.what());
+    throw InputError(json_path + ": malformed catalog summary: " + detail::json_error_text(e));
   }
 
   H5Reader r(h5_path);
@@ -801,12 +815,12 @@ void check_catalog_fresh(const Catalog& catalog) {
   const auto check = [](const FileIdentity& recorded) {
     const std::string prefix = "stale catalog: " + recorded.path +
                                " changed since it was catalogued (size/mtime/header differ: ";
-    FileIdentity now;
-    try {
-      now = stat_identity(recorded.path);
-    } catch (const Error&) {
-      throw InputError(prefix + "the file is missing or unreadable)");
-    }
+    // A missing file makes the catalog stale (exit 3); storage that fails to answer is an I/O
+    // error (exit 4) and is reported as such, with the file and offset.
+    std::error_code ec;
+    if (!std::filesystem::exists(recorded.path, ec) && !ec)
+      throw InputError(prefix + "the file is missing)");
+    const FileIdentity now = stat_identity(recorded.path);
     std::vector<std::string> diffs;
     if (now.size != recorded.size) {
       diffs.push_back("size " + std::to_string(recorded.size) + " -> " + std::to_string(now.size));
@@ -815,11 +829,11 @@ void check_catalog_fresh(const Catalog& catalog) {
     std::string header_hash;
     try {
       header_hash = read_safetensors_header(recorded.path).header_hash;
-    } catch (const Error&) {
-      header_hash.clear();
+    } catch (const InputError&) {
+      header_hash.clear();  // no longer a valid header: certainly changed
     }
     if (header_hash != recorded.header_hash) {
-      diffs.push_back(header_hash.empty() ? "header unreadable" : "header");
+      diffs.push_back(header_hash.empty() ? "header no longer valid" : "header");
     }
     if (diffs.empty()) return;
     std::string what;

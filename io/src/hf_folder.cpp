@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <string_view>
 
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/file.hpp"
@@ -66,27 +67,29 @@ void check_inside_folder(const std::string& dir, const AllowedRoots& roots, cons
   std::error_code ec;
   const fs::file_status link_status = fs::symlink_status(path, ec);
   if (!fs::exists(link_status)) {
-    throw InputError(referrer + ": file '" + name + "' does not exist in " + dir);
+    throw InputError(referrer + ": file '" + detail::printable(name) + "' does not exist in " +
+                     dir);
   }
   const fs::path resolved = fs::canonical(path, ec);
   if (ec) {
-    throw InputError(referrer + ": '" + name + "' is a symlink that cannot be resolved (" +
-                     ec.message() + ")");
+    throw InputError(referrer + ": '" + detail::printable(name) +
+                     "' is a symlink that cannot be resolved (" + ec.message() + ")");
   }
   if (!is_within(resolved, roots.folder) &&
       !(roots.hub_blobs && is_within(resolved, *roots.hub_blobs))) {
-    throw InputError(referrer + ": '" + name + "' is a symlink to " + resolved.string() +
-                     ", outside the folder " + roots.folder.string());
+    throw InputError(referrer + ": '" + detail::printable(name) + "' is a symlink to " +
+                     resolved.string() + ", outside the folder " + roots.folder.string());
   }
   if (!fs::is_regular_file(resolved, ec)) {
-    throw InputError(referrer + ": '" + name + "' is not a regular file");
+    throw InputError(referrer + ": '" + detail::printable(name) + "' is not a regular file");
   }
 }
 
 // A weight_map file name must be a plain file name: loaders reject path components.
 void check_plain_file_name(const std::string& index_path, const std::string& tensor,
                            const std::string& file) {
-  const std::string where = "weight_map entry for tensor '" + tensor + "' ('" + file + "')";
+  const std::string where = "weight_map entry for tensor '" + detail::printable(tensor) + "' ('" +
+                            detail::printable(file) + "')";
   if (file.empty()) throw InputError(index_path + ": " + where + " is an empty file name");
   if (file.front() == '/') throw InputError(index_path + ": " + where + " is an absolute path");
   if (file.find("..") != std::string::npos || file == ".") {
@@ -97,25 +100,15 @@ void check_plain_file_name(const std::string& index_path, const std::string& ten
   }
 }
 
-// weight_map of an index file: tensor name -> shard file name, validated.
-std::map<std::string, std::string> read_weight_map(const std::string& index_path) {
-  const nlohmann::json index =
-      detail::parse_strict_json(read_text_file(index_path), index_path, "key");
-  if (!index.is_object()) throw InputError(index_path + ": not a JSON object");
-  const auto wm = index.find("weight_map");
-  if (wm == index.end()) throw InputError(index_path + ": no \"weight_map\"");
-  if (!wm->is_object()) throw InputError(index_path + ": \"weight_map\" is not an object");
-  if (wm->empty()) throw InputError(index_path + ": \"weight_map\" is empty");
-  std::map<std::string, std::string> out;
-  for (const auto& [tensor, file] : wm->items()) {
-    if (!file.is_string()) {
-      throw InputError(index_path + ": weight_map entry for tensor '" + tensor +
-                       "' is not a file name: " + file.dump());
-    }
-    check_plain_file_name(index_path, tensor, file.get<std::string>());
-    out.emplace(tensor, file.get<std::string>());
+// The index and config.json of a folder: real ones are kilobytes, so a huge one is refused
+// before it is read (the same limit as a safetensors header).
+std::string read_folder_json(const std::string& path) {
+  const std::uint64_t size = stat_identity(path).size;
+  if (size > kMaxHeaderBytes) {
+    throw InputError(path + ": " + std::to_string(size) + " bytes, more than the limit of " +
+                     std::to_string(kMaxHeaderBytes) + " for this file");
   }
-  return out;
+  return read_text_file(path);
 }
 
 [[noreturn]] void throw_not_a_checkpoint(const std::string& dir) {
@@ -135,6 +128,26 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
 
 }  // namespace
 
+std::map<std::string, std::string> parse_index_weight_map(std::string_view text,
+                                                          const std::string& index_path) {
+  const nlohmann::json index = detail::parse_strict_json(text, index_path, "key");
+  if (!index.is_object()) throw InputError(index_path + ": not a JSON object");
+  const auto wm = index.find("weight_map");
+  if (wm == index.end()) throw InputError(index_path + ": no \"weight_map\"");
+  if (!wm->is_object()) throw InputError(index_path + ": \"weight_map\" is not an object");
+  if (wm->empty()) throw InputError(index_path + ": \"weight_map\" is empty");
+  std::map<std::string, std::string> out;
+  for (const auto& [tensor, file] : wm->items()) {
+    if (!file.is_string()) {
+      throw InputError(index_path + ": weight_map entry for tensor '" + detail::printable(tensor) +
+                       "' is not a file name: " + detail::brief_dump(file));
+    }
+    check_plain_file_name(index_path, tensor, file.get<std::string>());
+    out.emplace(tensor, file.get<std::string>());
+  }
+  return out;
+}
+
 Checkpoint open_checkpoint(const std::string& dir) {
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
@@ -153,11 +166,14 @@ Checkpoint open_checkpoint(const std::string& dir) {
   } else if (exists_no_follow(join(dir, kIndexFile))) {
     index_path = join(dir, kIndexFile);
     check_inside_folder(dir, roots, kIndexFile, dir);
-    weight_map = read_weight_map(index_path);
-    std::set<std::string> shards;
-    for (const auto& [tensor, file] : *weight_map) shards.insert(file);
-    for (const std::string& file : shards) {
-      check_inside_folder(dir, roots, file, index_path);
+    weight_map = parse_index_weight_map(read_folder_json(index_path), index_path);
+    // Each shard once, named in errors with the first tensor the index puts in it.
+    std::map<std::string, std::string> first_tensor_of_shard;
+    for (const auto& [tensor, file] : *weight_map) first_tensor_of_shard.emplace(file, tensor);
+    for (const auto& [file, tensor] : first_tensor_of_shard) {
+      check_inside_folder(
+          dir, roots, file,
+          index_path + ": weight_map entry for tensor '" + detail::printable(tensor) + "'");
       ckpt.shard_names.push_back(file);
     }
   } else {
@@ -174,18 +190,18 @@ Checkpoint open_checkpoint(const std::string& dir) {
       const std::string& name = t.info.name;
       const auto [it, inserted] = ckpt.by_name.emplace(name, ckpt.tensors.size());
       if (!inserted) {
-        throw InputError(dir + ": tensor '" + name + "' appears in both " +
+        throw InputError(dir + ": tensor '" + detail::printable(name) + "' appears in both " +
                          ckpt.tensors[it->second].file + " and " + path);
       }
       if (weight_map) {
         const auto listed = weight_map->find(name);
         if (listed == weight_map->end()) {
-          throw InputError(index_path + ": tensor '" + name + "' of " + shard +
+          throw InputError(index_path + ": tensor '" + detail::printable(name) + "' of " + shard +
                            " is not listed in weight_map");
         }
         if (listed->second != shard) {
-          throw InputError(index_path + ": weight_map puts tensor '" + name + "' in " +
-                           listed->second + " but it is stored in " + shard);
+          throw InputError(index_path + ": weight_map puts tensor '" + detail::printable(name) +
+                           "' in " + listed->second + " but it is stored in " + shard);
         }
       }
       ckpt.tensors.push_back(std::move(t));
@@ -194,15 +210,15 @@ Checkpoint open_checkpoint(const std::string& dir) {
   if (weight_map) {
     for (const auto& [tensor, file] : *weight_map) {
       if (!ckpt.by_name.count(tensor)) {
-        throw InputError(index_path + ": weight_map lists tensor '" + tensor + "' in " + file +
-                         " but " + file + " does not contain it");
+        throw InputError(index_path + ": weight_map lists tensor '" + detail::printable(tensor) +
+                         "' in " + file + " but " + file + " does not contain it");
       }
     }
   }
 
   if (exists_no_follow(join(dir, kConfigFile))) {
     check_inside_folder(dir, roots, kConfigFile, dir);
-    ckpt.config_json = read_text_file(join(dir, kConfigFile));
+    ckpt.config_json = read_folder_json(join(dir, kConfigFile));
   }
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();

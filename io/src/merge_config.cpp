@@ -240,6 +240,10 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
 }
 
 MergeSpec load_merge_config(const std::string& path) {
+  // A config that is not there is a mistake on the command line; one that cannot be read is a
+  // storage (or permission) failure.
+  std::error_code ec;
+  if (!fs::exists(path, ec) && !ec) throw UsageError(path + ": no such config file");
   return parse_merge_config(read_text_file(path), path);
 }
 

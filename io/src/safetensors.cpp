@@ -33,7 +33,7 @@ using nlohmann::json;
 }
 
 std::string tensor_label(const std::string& name) {
-  return "tensor '" + name + "'";
+  return "tensor '" + detail::printable(name) + "'";
 }
 
 std::uint64_t load_u64_le(const std::byte* p) {
@@ -128,19 +128,22 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
 
   const auto dtype_it = value.find("dtype");
   if (dtype_it == value.end()) fail(path, label + ": missing \"dtype\"");
-  if (!dtype_it->is_string()) fail(path, label + ": dtype is not a string: " + dtype_it->dump());
+  if (!dtype_it->is_string())
+    fail(path, label + ": dtype is not a string: " + detail::brief_dump(*dtype_it));
   const auto dtype = parse_dtype(dtype_it->get_ref<const std::string&>());
-  if (!dtype) fail(path, label + ": unknown dtype " + dtype_it->dump());
+  if (!dtype) fail(path, label + ": unknown dtype " + detail::brief_dump(*dtype_it));
   e.info.dtype = *dtype;
 
   const auto shape_it = value.find("shape");
   if (shape_it == value.end()) fail(path, label + ": missing \"shape\"");
-  if (!shape_it->is_array()) fail(path, label + ": shape is not an array: " + shape_it->dump());
+  if (!shape_it->is_array())
+    fail(path, label + ": shape is not an array: " + detail::brief_dump(*shape_it));
   e.info.shape.reserve(shape_it->size());
   for (const json& d : *shape_it) {
     const auto dim = as_count(d);
     if (!dim)
-      fail(path, label + ": shape entries must be non-negative integers, found " + d.dump());
+      fail(path,
+           label + ": shape entries must be non-negative integers, found " + detail::brief_dump(d));
     e.info.shape.push_back(*dim);
   }
 
@@ -148,12 +151,13 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   if (off_it == value.end()) fail(path, label + ": missing \"data_offsets\"");
   if (!off_it->is_array() || off_it->size() != 2) {
     fail(path, label + ": data_offsets must be an array of two integers [begin, end], found " +
-                   off_it->dump());
+                   detail::brief_dump(*off_it));
   }
   const auto begin = as_count((*off_it)[0]);
   const auto end = as_count((*off_it)[1]);
   if (!begin || !end) {
-    fail(path, label + ": data_offsets must be non-negative integers, found " + off_it->dump());
+    fail(path, label + ": data_offsets must be non-negative integers, found " +
+                   detail::brief_dump(*off_it));
   }
   e.begin = *begin;
   e.end = *end;
@@ -266,7 +270,8 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> header,
       const bool tensor_like = value.contains("dtype") || value.contains("data_offsets");
       for (const auto& [mkey, mvalue] : value.items()) {
         if (!mvalue.is_string()) {
-          fail(path, "__metadata__ value of '" + mkey + "' is not a string: " + mvalue.dump() +
+          fail(path, "__metadata__ value of '" + mkey +
+                         "' is not a string: " + detail::brief_dump(mvalue) +
                          (tensor_like ? " (a tensor may not be named __metadata__)" : ""));
         }
         out.metadata.emplace(mkey, mvalue.get<std::string>());
@@ -281,6 +286,7 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> header,
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return std::tie(a.begin, a.end, a.info.name) < std::tie(b.begin, b.end, b.info.name);
   });
+  const std::uint64_t data_size = file_size - out.data_begin;
   std::uint64_t covered = 0;
   const Entry* previous = nullptr;
   for (const Entry& e : entries) {
@@ -307,20 +313,18 @@ SafetensorsHeader parse_safetensors_header(std::span<const std::byte> header,
                      " bytes but " + std::string(dtype_name(e.info.dtype)) + " " +
                      format_shape(e.info.shape) + " needs " + std::to_string(need));
     }
+    if (e.end > data_size) {
+      fail(path, label + ": data_offsets " + offsets + " reach past the end of the data section (" +
+                     std::to_string(data_size) + " bytes after the header; truncated?)");
+    }
     covered = e.end;
     previous = &e;
   }
-  const std::uint64_t data_size = file_size - out.data_begin;
   if (covered < data_size) {
     fail(path, std::to_string(data_size - covered) +
                    " trailing bytes after the last tensor (the data section holds " +
                    std::to_string(data_size) + " bytes, the tensors cover " +
                    std::to_string(covered) + ")");
-  }
-  if (covered > data_size) {
-    fail(path, "the tensors need " + std::to_string(covered) +
-                   " bytes of data but the file holds only " + std::to_string(data_size) +
-                   " after the header (truncated?)");
   }
 
   out.tensors.reserve(entries.size());

@@ -59,6 +59,8 @@ void MergeSpec::validate() const {
     }
     weight_sum += e.weight;
   }
+  if (!std::isfinite(weight_sum))
+    throw UsageError("config: the weights are too large: their sum overflows");
   if (!std::isfinite(lambda)) throw UsageError("config: parameter 'lambda' is not finite");
   // TIES and DARE-TIES divide by the weights of the agreeing experts (a zero divisor counts as 1);
   // the other methods divide by the whole sum.

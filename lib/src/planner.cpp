@@ -134,8 +134,8 @@ Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest&
     }
   }
   if (normalize_checkpoint_dir(spec.base_model) != normalize_checkpoint_dir(catalog.base.dir)) {
-    throw UsageError("config base_model '" + spec.base_model + "' is not the catalog's base '" +
-                     catalog.base.dir + "'");
+    throw InputError("config base_model '" + spec.base_model + "' is not the catalog's base '" +
+                     catalog.base.dir + "' (a catalog of another family?)");
   }
 
   Plan plan;

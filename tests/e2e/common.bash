@@ -74,3 +74,28 @@ json_get() {
 for k in sys.argv[2].split('.'): d=d[k]
 print(d)" "$1" "$2"
 }
+
+# expect_no_output DIR: neither a folder at DIR nor its staging folder (a failed merge leaves
+# nothing behind).
+expect_no_output() {
+  local dir="${1%/}"
+  local staging
+  staging="$(dirname "$dir")/.$(basename "$dir").mergepipe-staging"
+  [[ ! -e "$dir" ]] || fail "$dir exists after a failed run"
+  [[ ! -e "$staging" ]] || fail "staging folder $staging left behind"
+}
+
+# expect_no_catalog DIR: neither a catalog at DIR nor a temporary catalog folder beside it.
+expect_no_catalog() {
+  local dir="${1%/}"
+  [[ ! -e "$dir" ]] || fail "$dir exists after a failed catalog build"
+  ! compgen -G "$(dirname "$dir")/.$(basename "$dir").tmp-*" >/dev/null ||
+    fail "temporary catalog folder left beside $dir"
+}
+
+# expect_one_error: the stderr of the last expect_exit holds exactly one error line.
+expect_one_error() {
+  local n
+  n=$(grep -Ec '^mergepipe: (internal )?error' "$TEST_SCRATCH/err.txt" || true)
+  [[ $n -eq 1 ]] || { cat "$TEST_SCRATCH/err.txt" >&2; fail "expected one error line, got $n"; }
+}

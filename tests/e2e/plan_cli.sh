@@ -71,7 +71,7 @@ write_config ties.yaml ties fam 5
 expect_exit 2 "additive method" "$MERGEPIPE" plan ties.yaml --catalog cat --max-error 1
 printf 'merge_method: ties\nbase_model: fam/base\nmodels: [fam/expert00]\nbogus: 1\n' >bogus.yaml
 expect_exit 2 "bogus.yaml:4: key 'bogus': unknown key" "$MERGEPIPE" plan bogus.yaml --catalog cat
-expect_exit 4 "nothere.yaml" "$MERGEPIPE" plan nothere.yaml --catalog cat
+expect_exit 2 "nothere\.yaml: no such config file" "$MERGEPIPE" plan nothere.yaml --catalog cat
 expect_exit 2 "catalog" "$MERGEPIPE" plan ta.yaml
 touch -d '2001-01-01' fam/expert02/*.safetensors
 expect_exit 3 "stale catalog" run_np 2 plan ta.yaml --catalog cat

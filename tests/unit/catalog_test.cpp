@@ -457,7 +457,7 @@ TEST(CatalogStore, StaleFilesAreDetected) {
   msg = error_message<InputError>([&] { io::check_catalog_fresh(c); });
   EXPECT_NE(msg.find("stale catalog: " + tmp.file("base/model.safetensors")), std::string::npos)
       << msg;
-  EXPECT_NE(msg.find("missing or unreadable"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the file is missing"), std::string::npos) << msg;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -259,6 +259,57 @@ TEST(HfFolder, RejectsBadIndexFiles) {
             std::string::npos);
 }
 
+TEST(IndexWeightMap, ParsesWithoutTouchingTheFileSystem) {
+  const auto map = parse_index_weight_map(
+      R"({"metadata": {"total_size": 1}, "weight_map": {"b": "x.safetensors", "a": "y"}})",
+      "/nowhere/model.safetensors.index.json");
+  EXPECT_EQ(map, (std::map<std::string, std::string>{{"a", "y"}, {"b", "x.safetensors"}}));
+  const auto message = [](const std::string& text) {
+    return error_message<InputError>([&] { parse_index_weight_map(text, "idx.json"); });
+  };
+  EXPECT_NE(message(R"({"weight_map": {"t": "../x"}})")
+                .find("idx.json: weight_map entry for tensor 't' ('../x') refers outside"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"weight_map": {"t": "/abs"}})").find("is an absolute path"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"weight_map": {"t": "a/b"}})").find("contains a path separator"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"weight_map": {"t": ""}})").find("is an empty file name"),
+            std::string::npos);
+  EXPECT_NE(message("[1]").find("idx.json: not a JSON object"), std::string::npos);
+  // A long non-string value is shown cut short.
+  std::string many = "1";
+  for (int i = 0; i < 5000; ++i) many += ",1";
+  std::string msg = message(R"({"weight_map": {"t": [)" + many + "]}}");
+  EXPECT_NE(msg.find("is not a file name: [1,1,1"), std::string::npos) << msg.substr(0, 200);
+  EXPECT_LT(msg.size(), 200u);
+  // So is a parse error quoting a long token.
+  msg = message(R"({"weight_map": {"t": )" + std::string(9999, '1') + "}}");
+  EXPECT_NE(msg.find("idx.json: not valid JSON: number overflow"), std::string::npos);
+  EXPECT_LT(msg.size(), 300u);
+}
+
+TEST(HfFolder, MissingShardNamesTheIndexEntry) {
+  TempDir dir;
+  write_sharded(dir.path());
+  fs::remove(dir.file(shard_file_name(2, 2)));
+  const std::string msg = open_error(dir.path());
+  EXPECT_NE(msg.find(dir.file("model.safetensors.index.json") +
+                     ": weight_map entry for tensor 'lm_head.weight': file '" +
+                     shard_file_name(2, 2) + "' does not exist"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(HfFolder, RefusesAHugeIndexBeforeReadingIt) {
+  TempDir dir;
+  write_sharded(dir.path());
+  const std::string index = dir.file("model.safetensors.index.json");
+  fs::resize_file(index, kMaxHeaderBytes + 1);  // sparse: nothing is written
+  EXPECT_NE(open_error(dir.path()).find(index + ": 100000001 bytes, more than the limit"),
+            std::string::npos);
+}
+
 TEST(HfFolder, RejectsFoldersThatAreNotCheckpoints) {
   TempDir dir;
   EXPECT_NE(open_error(dir.path()).find("not a Hugging Face checkpoint folder"), std::string::npos);

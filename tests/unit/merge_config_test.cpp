@@ -103,7 +103,7 @@ TEST(MergeConfig, RelativePathsResolveAgainstTheConfigFolder) {
   EXPECT_EQ(s.experts[0].path, dir.path() + "/configs/e1");
   EXPECT_EQ(s.experts[1].path, dir.path() + "/configs/e2");
   EXPECT_EQ(s.experts[1].density, 0.1);
-  EXPECT_THROW(io::load_merge_config(dir.file("missing.yaml")), IoError);
+  EXPECT_THROW(io::load_merge_config(dir.file("missing.yaml")), UsageError);
 }
 
 TEST(MergeConfig, ErrorsNameFileKeyAndLine) {

@@ -440,7 +440,7 @@ TEST(Planner, ErrorsNameTheProblem) {
   auto message = [&](const MergeSpec& s, const PlanRequest& r) -> std::string {
     try {
       make_plan(c, s, r);
-    } catch (const UsageError& e) {
+    } catch (const Error& e) {
       return e.what();
     }
     return "";
@@ -451,6 +451,7 @@ TEST(Planner, ErrorsNameTheProblem) {
   MergeSpec other_base = spec;
   other_base.base_model = "/elsewhere/base";
   EXPECT_NE(message(other_base, {}).find("/elsewhere/base"), std::string::npos);
+  EXPECT_THROW(make_plan(c, other_base, {}), InputError);  // a catalog of another family
   PlanRequest bad_error;
   bad_error.max_error = -1.0;
   EXPECT_NE(message(spec, bad_error).find("max-error"), std::string::npos);

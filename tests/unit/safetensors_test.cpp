@@ -436,7 +436,8 @@ TEST(SafetensorsReader, RejectsTrailingBytes) {
 TEST(SafetensorsReader, RejectsTruncatedData) {
   expect_rejected(
       raw_safetensors(one_tensor("\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]"), 10),
-      "the tensors need 16 bytes of data but the file holds only 10 after the header (truncated?)");
+      "tensor 't': data_offsets [0, 16] reach past the end of the data section (10 bytes after the "
+      "header; truncated?)");
 }
 
 TEST(SafetensorsReader, ParseFromBufferNamesTheGivenPath) {
@@ -454,4 +455,31 @@ TEST(SafetensorsReader, RejectsAFolder) {
   TempDir dir;
   EXPECT_THROW(read_safetensors_header(dir.path()), InputError);
   EXPECT_THROW(read_safetensors_header(dir.file("missing.safetensors")), IoError);
+}
+
+TEST(SafetensorsReader, HostileValuesGiveShortOneLineMessages) {
+  // A control character in a name is shown escaped; a huge name and a huge value are cut.
+  expect_rejected(
+      raw_safetensors("{\"a\\nb\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1),
+      "tensor 'a\\x0ab': unknown dtype \"Q4\"");
+  const std::string long_name(5000, 'n');
+  const std::string long_shape = "[" + std::string(20000, '[') + std::string(20000, ']') + "]";
+  TempDir dir;
+  const std::string path = dir.file("bad.safetensors");
+  test::write_file(path, raw_safetensors(one_tensor("\"dtype\":\"F32\",\"shape\":" + long_shape +
+                                                    ",\"data_offsets\":[0,4]"),
+                                         4));
+  std::string msg = error_message<InputError>([&] { read_safetensors_header(path); });
+  EXPECT_NE(msg.find("shape entries must be non-negative integers, found [[[[[...]]]]"),
+            std::string::npos)
+      << msg;
+  EXPECT_LT(msg.size(), path.size() + 200);
+  test::write_file(path, raw_safetensors("{\"" + long_name +
+                                             "\":{\"dtype\":\"Q4\",\"shape\":[1],"
+                                             "\"data_offsets\":[0,1]}}",
+                                         1));
+  msg = error_message<InputError>([&] { read_safetensors_header(path); });
+  EXPECT_NE(msg.find("tensor '" + std::string(200, 'n') + "...': unknown dtype"), std::string::npos)
+      << msg.substr(0, 300);
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
 }

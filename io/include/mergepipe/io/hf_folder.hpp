@@ -1,7 +1,9 @@
 #pragma once
 // Hugging Face model folders: `model.safetensors`, or shards + `model.safetensors.index.json`.
 #include <cstdint>
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mergepipe/checkpoint.hpp"
@@ -13,6 +15,13 @@ namespace mergepipe::io {
 // every weight_map entry must match the tensors found), duplicate tensors across shards.
 // Throws InputError / IoError naming the folder and file.
 Checkpoint open_checkpoint(const std::string& dir);
+
+// The weight_map of `model.safetensors.index.json` text (tensor name -> shard file name), without
+// touching the file system: strict JSON (no duplicate keys), a non-empty object of strings, each
+// a plain file name (no separator, no `..`, not absolute, not empty). Throws InputError naming
+// `index_path` and the tensor. open_checkpoint then checks that the files exist inside the folder.
+std::map<std::string, std::string> parse_index_weight_map(std::string_view text,
+                                                          const std::string& index_path);
 
 // Files carried from a base to outputs: tokenizer*, special_tokens_map.json, vocab/merges,
 // generation_config.json, chat_template*. (config.json is rewritten, not copied.)

@@ -21,7 +21,8 @@
 
 namespace mergepipe::io {
 
-// Reads and parses a config file (IoError when it cannot be read).
+// Reads and parses a config file (UsageError when it does not exist, IoError when it cannot be
+// read).
 MergeSpec load_merge_config(const std::string& path);
 
 // Parses config text; `source_name` is the file name used in messages and the folder relative
