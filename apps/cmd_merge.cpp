@@ -48,7 +48,10 @@ MergeTask full_read_task(const MergeSpec& spec, std::uint64_t block_bytes) {
   for (const auto& e : spec.experts) {
     const Checkpoint expert = io::open_checkpoint(e.path);
     if (auto mismatch = find_structure_mismatch(task.tensors, expert.tensor_infos())) {
-      throw InputError(e.path + ": tensor '" + mismatch->tensor + "': " + mismatch->what);
+      const std::string where =
+          mismatch->other_index ? expert.tensors[*mismatch->other_index].file : e.path;
+      throw InputError(where + ": tensor '" + mismatch->tensor + "' " + mismatch->what +
+                       " (an expert must have the base's tensor names, shapes and dtypes)");
     }
     task.experts.push_back(io::locate_tensors(expert, task.tensors));
   }

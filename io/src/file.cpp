@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "mergepipe/error.hpp"
@@ -15,6 +17,13 @@ namespace mergepipe::io {
 namespace {
 constexpr int kMaxIoRetries = 3;                 // for EIO on shared storage
 constexpr std::size_t kMaxRequest = 1ull << 30;  // keep single requests under 2 GiB
+
+// Shared storage often recovers from a transient EIO within a second: wait 10, 100, 1000 ms.
+void backoff(int attempt) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(attempt == 1   ? 10
+                                                        : attempt == 2 ? 100
+                                                                       : 1000));
+}
 
 std::string errno_text(int err) {
   return std::strerror(err);
@@ -70,7 +79,10 @@ void File::read_at(std::uint64_t offset, std::span<std::byte> dst) const {
     if (got < 0) {
       const int err = errno;
       if (err == EINTR || err == EAGAIN) continue;
-      if (err == EIO && ++eio_retries <= kMaxIoRetries) continue;
+      if (err == EIO && ++eio_retries <= kMaxIoRetries) {
+        backoff(eio_retries);
+        continue;
+      }
       throw IoError(path_ + ": read of " + std::to_string(want) + " bytes at offset " +
                     std::to_string(offset + done) + " failed: " + errno_text(err));
     }
@@ -92,10 +104,16 @@ void File::write_at(std::uint64_t offset, std::span<const std::byte> src) const 
     if (put < 0) {
       const int err = errno;
       if (err == EINTR || err == EAGAIN) continue;
-      if (err == EIO && ++eio_retries <= kMaxIoRetries) continue;
+      if (err == EIO && ++eio_retries <= kMaxIoRetries) {
+        backoff(eio_retries);
+        continue;
+      }
       throw IoError(path_ + ": write of " + std::to_string(want) + " bytes at offset " +
                     std::to_string(offset + done) + " failed: " + errno_text(err));
     }
+    if (put == 0)
+      throw IoError(path_ + ": write of " + std::to_string(want) + " bytes at offset " +
+                    std::to_string(offset + done) + " wrote nothing (disk full?)");
     done += static_cast<std::size_t>(put);
   }
 }

@@ -74,18 +74,41 @@ StagingFolder::StagingFolder(const std::string& target, const StagingOptions& op
     throw IoError(target_ + ": another merge is writing this output right now (lock held on " +
                   lock_path + ")");
   }
-  // A leftover from a killed run: keep it when it holds this very task, else start clean (keep
-  // our lock file).
-  const std::string record_path = path_ + "/" + kResumeName;
-  if (options.resume && !options.resume_key.empty() && fs::exists(record_path, ec)) {
-    resumed_ = read_text_file(record_path) == resume_record(options.resume_key);
+  // The lock may belong to a folder another merge has just published (renamed away) between our
+  // open and our flock: then the staging path no longer holds our lock file.
+  struct stat held {
+  }, here{};
+  if (::fstat(lock_fd_, &held) != 0 || ::stat(lock_path.c_str(), &here) != 0 ||
+      held.st_ino != here.st_ino || held.st_dev != here.st_dev) {
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    path_.clear();
+    throw IoError(target_ + ": another merge published this output while this one started");
   }
-  if (!resumed_) {
-    for (const auto& entry : fs::directory_iterator(path_)) {
-      if (entry.path().filename() != kLockName) fs::remove_all(entry.path());
+  // From here on the folder is ours: a failure (a full disk while writing the resume record)
+  // removes it again, as the destructor of a constructed folder would.
+  try {
+    if (fs::exists(target_, ec) && !replace_) {
+      throw UsageError(target_ + ": output folder already exists (pass --force to replace it)");
     }
-    if (!options.resume_key.empty())
-      write_text_file(record_path, resume_record(options.resume_key));
+    // A leftover from a killed run: keep it when it holds this very task, else start clean (keep
+    // our lock file).
+    const std::string record_path = path_ + "/" + kResumeName;
+    if (options.resume && !options.resume_key.empty() && fs::exists(record_path, ec)) {
+      resumed_ = read_text_file(record_path) == resume_record(options.resume_key);
+    }
+    if (!resumed_) {
+      for (const auto& entry : fs::directory_iterator(path_)) {
+        if (entry.path().filename() != kLockName) fs::remove_all(entry.path());
+      }
+      if (!options.resume_key.empty())
+        write_text_file(record_path, resume_record(options.resume_key));
+    }
+  } catch (...) {
+    remove_tree(path_);
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    throw;
   }
 }
 
@@ -104,7 +127,9 @@ void StagingFolder::publish() {
       File(entry.path().string(), File::Mode::kRead).sync();
     }
   }
-  fs::remove(fs::path(path_) / kLockName);
+  // The lock file stays, and stays locked, through the rename: a second merge arriving meanwhile
+  // must find the staging folder locked, not take it over. It is removed from the published
+  // folder afterwards.
   sync_directory(path_);
   std::error_code ec;
   std::string displaced;
@@ -123,6 +148,8 @@ void StagingFolder::publish() {
     throw IoError(target_ + ": cannot publish the output folder: " + std::strerror(err));
   }
   published_ = true;
+  (void)::unlink((target_ + "/" + kLockName).c_str());
+  sync_directory(target_);
   sync_directory(fs::path(target_).has_parent_path() ? fs::path(target_).parent_path().string()
                                                      : ".");
   if (!displaced.empty()) remove_tree(displaced);

@@ -31,6 +31,37 @@ struct Scratch {
   std::uint64_t nonfinite = 0;
 };
 
+// The error for a block whose merged values hold NaN/Inf, naming the input that holds them (the
+// base's or an expert's file and byte range) or, when every input is finite, the overflow.
+[[noreturn]] void throw_nonfinite(const ExecutionJob& job, const LoadedBlock& loaded,
+                                  const BlockReader& reader, std::uint64_t count) {
+  const Block& blk = job.blocking->blocks[loaded.block];
+  const TensorInfo& tensor = (*job.tensors)[blk.tensor];
+  std::vector<float> values(blk.elem_count);
+  auto nonfinite_in = [&](const std::vector<std::byte>& bytes) {
+    convert_to_f32(tensor.dtype, bytes.data(), values.data(), values.size());
+    return count_nonfinite(values) > 0;
+  };
+  std::string where;
+  if (nonfinite_in(loaded.base)) {
+    where = reader.describe(SourceId{}, blk.tensor, blk.byte_begin, blk.byte_length) +
+            ": tensor '" + tensor.name + "' of the base holds NaN/Inf values";
+  }
+  for (std::size_t k = 0; k < job.experts && where.empty(); ++k) {
+    if (loaded.present[k] && nonfinite_in(loaded.experts[k])) {
+      where = reader.describe(SourceId{static_cast<int>(k)}, blk.tensor, blk.byte_begin,
+                              blk.byte_length) +
+              ": tensor '" + tensor.name + "' of expert " + std::to_string(k) +
+              " holds NaN/Inf values";
+    }
+  }
+  if (where.empty()) {
+    where = "tensor '" + tensor.name + "': merging finite inputs overflowed to " +
+            std::to_string(count) + " NaN/Inf values (check the weights and lambda)";
+  }
+  throw InputError(where + "; --allow-nonfinite writes them anyway");
+}
+
 }  // namespace
 
 std::uint64_t block_cost(const ExecutionJob& job, std::uint32_t b) {
@@ -119,11 +150,7 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
 
     std::uint64_t nonfinite = 0;
     for (auto& s : scratch) nonfinite += std::exchange(s.nonfinite, 0);
-    if (nonfinite && !job.allow_nonfinite) {
-      throw InputError(
-          "tensor '" + tensor.name + "': the merge produced " + std::to_string(nonfinite) +
-          " NaN/Inf values (an input holds non-finite weights; --allow-nonfinite to proceed)");
-    }
+    if (nonfinite && !job.allow_nonfinite) throw_nonfinite(job, *loaded, reader, nonfinite);
     stats.nonfinite += nonfinite;
     const std::uint64_t hash = hash64(out_bytes.data(), out_bytes.size());
     stats.block_hashes[i] = hash;

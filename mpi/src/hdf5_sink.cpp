@@ -43,6 +43,7 @@ h5::Handle make_file_type(DType dtype, const std::string& path) {
 }  // namespace
 
 struct Hdf5Sink::State {
+  const Comm* comm = nullptr;
   std::string path;
   std::vector<TensorInfo> tensors;
   h5::Handle file;
@@ -57,6 +58,7 @@ Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors,
     : state_(std::make_unique<State>()) {
   h5::silence_hdf5_errors();
   State& s = *state_;
+  s.comm = &comm;
   s.path = path;
   s.tensors = tensors;
   h5::Handle fapl =
@@ -158,8 +160,15 @@ void Hdf5Sink::finish() {
   s.datasets.clear();
   s.types.clear();
   s.transfer.reset();
-  h5::check_status(H5Fflush(s.file.get(), H5F_SCOPE_GLOBAL), "H5Fflush", s.path);
-  if (!s.file.reset()) throw IoError("HDF5 H5Fclose failed for " + s.path);
+  // Collective calls: a failure on one rank must reach all before the next one.
+  s.comm->check(capture_failure([&] {
+                  h5::check_status(H5Fflush(s.file.get(), H5F_SCOPE_GLOBAL), "H5Fflush", s.path);
+                }),
+                "flush the HDF5 output");
+  s.comm->check(capture_failure([&] {
+                  if (!s.file.reset()) throw IoError("HDF5 H5Fclose failed for " + s.path);
+                }),
+                "close the HDF5 output");
 }
 
 }  // namespace mergepipe::mpi

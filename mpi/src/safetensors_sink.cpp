@@ -4,18 +4,27 @@
 
 namespace mergepipe::mpi {
 
+// Every step between collectives runs under capture_failure + Comm::check: a rank that failed
+// alone (rank 0's header write on a full disk) must not leave the others waiting in the next
+// collective, nor unwind into a collective close they never reach.
 SafetensorsSink::SafetensorsSink(const Comm& comm, const io::OutputLayout& layout,
                                  const std::string& dir, const InfoHints& hints)
-    : layout_(layout), dir_(dir) {
+    : comm_(comm), layout_(layout), dir_(dir) {
   for (std::size_t s = 0; s < layout.shards.size(); ++s) {
-    files_.push_back(
-        std::make_unique<MpiFile>(comm, dir + "/" + layout.shard_names[s], true, hints));
-    if (comm.is_root()) {
-      const std::string& header = layout.shards[s].header_bytes;
-      files_.back()->write_at(0, std::as_bytes(std::span(header.data(), header.size())));
-      io::global_byte_counters().add(io::ByteCategory::kOutputWritten, header.size());
-    }
+    const std::string path = dir + "/" + layout.shard_names[s];
+    comm.check(capture_failure(
+                   [&] { files_.push_back(std::make_unique<MpiFile>(comm, path, true, hints)); }),
+               "open the output shards");
   }
+  comm.check(capture_failure([&] {
+               if (!comm.is_root()) return;
+               for (std::size_t s = 0; s < layout.shards.size(); ++s) {
+                 const std::string& header = layout.shards[s].header_bytes;
+                 files_[s]->write_at(0, std::as_bytes(std::span(header.data(), header.size())));
+                 io::global_byte_counters().add(io::ByteCategory::kOutputWritten, header.size());
+               }
+             }),
+             "write the shard headers");
 }
 
 void SafetensorsSink::write(std::uint32_t tensor, std::uint64_t elem_begin,
@@ -33,9 +42,11 @@ OutputLocation SafetensorsSink::locate(std::uint32_t tensor, std::uint64_t elem_
 
 void SafetensorsSink::finish() {
   for (std::size_t s = 0; s < files_.size(); ++s) {
-    files_[s]->set_size(layout_.shards[s].file_size);
-    files_[s]->sync();
-    files_[s]->close();
+    MpiFile& f = *files_[s];
+    comm_.check(capture_failure([&] { f.set_size(layout_.shards[s].file_size); }),
+                "size the output shards");
+    comm_.check(capture_failure([&] { f.sync(); }), "flush the output shards");
+    comm_.check(capture_failure([&] { f.close(); }), "close the output shards");
   }
 }
 

@@ -38,6 +38,7 @@ class SafetensorsSink : public StagedOutput {
   void finish() override;
 
  private:
+  const Comm& comm_;
   const io::OutputLayout& layout_;
   std::string dir_;
   std::vector<std::unique_ptr<MpiFile>> files_;
