@@ -13,7 +13,8 @@ BlockStream::BlockStream(const Blocking& blocking, std::vector<std::uint32_t> bl
       reader_(reader),
       options_(std::move(options)) {
   const int depth = std::max(1, options_.depth);
-  for (int i = 0; i < depth + 1; ++i) free_.push_back(std::make_unique<LoadedBlock>());
+  for (int i = 0; i < depth + 1; ++i)
+    free_.push_back(options_.pool ? options_.pool->take() : std::make_unique<LoadedBlock>());
   const int threads = std::max(1, options_.io_threads);
   for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { io_loop(); });
 }
@@ -25,6 +26,24 @@ BlockStream::~BlockStream() {
   }
   io_cv_.notify_all();
   for (auto& t : threads_) t.join();
+  if (options_.pool) {
+    for (auto& b : free_) options_.pool->give(std::move(b));
+    for (auto& entry : inflight_)
+      if (entry.block) options_.pool->give(std::move(entry.block));
+  }
+}
+
+std::unique_ptr<LoadedBlock> BlockPool::take() {
+  std::lock_guard lock(mutex_);
+  if (blocks_.empty()) return std::make_unique<LoadedBlock>();
+  auto block = std::move(blocks_.back());
+  blocks_.pop_back();
+  return block;
+}
+
+void BlockPool::give(std::unique_ptr<LoadedBlock> block) {
+  std::lock_guard lock(mutex_);
+  blocks_.push_back(std::move(block));
 }
 
 bool BlockStream::can_schedule() const {
@@ -52,13 +71,13 @@ void BlockStream::schedule_next() {
 void BlockStream::read_piece(const Piece& piece) {
   LoadedBlock& block = *piece.owner->block;
   const Block& blk = blocking_.blocks[block.block];
-  std::vector<std::byte>& dst = piece.source == SourceId::kBase
-                                    ? block.base
-                                    : block.experts[static_cast<std::size_t>(piece.source)];
+  ByteBuffer& dst = piece.source == SourceId::kBase
+                        ? block.base
+                        : block.experts[static_cast<std::size_t>(piece.source)];
   dst.resize(blk.byte_length);
   const SourceId source{piece.source};
-  reader_.read(source, blk.tensor, blk.byte_begin, dst);
-  if (options_.check) options_.check(source, block.block, dst);
+  reader_.read(source, blk.tensor, blk.byte_begin, std::span<std::byte>(dst));
+  if (options_.check) options_.check(source, block.block, std::span<const std::byte>(dst));
 }
 
 void BlockStream::io_loop() {

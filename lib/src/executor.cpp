@@ -38,7 +38,7 @@ struct Scratch {
   const Block& blk = job.blocking->blocks[loaded.block];
   const TensorInfo& tensor = (*job.tensors)[blk.tensor];
   std::vector<float> values(blk.elem_count);
-  auto nonfinite_in = [&](const std::vector<std::byte>& bytes) {
+  auto nonfinite_in = [&](const ByteBuffer& bytes) {
     convert_to_f32(tensor.dtype, bytes.data(), values.data(), values.size());
     return count_nonfinite(values) > 0;
   };
@@ -93,6 +93,7 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
   stream_options.depth = job.prefetch_depth;
   stream_options.wanted = job.admitted;
   stream_options.check = job.check_read;
+  stream_options.pool = job.pool;
   BlockStream stream(*job.blocking, blocks, job.experts, reader, std::move(stream_options));
 
   for (std::size_t i = 0; i < blocks.size(); ++i) {

@@ -11,19 +11,14 @@ namespace {
 constexpr std::size_t kChunkElems = 4096;
 }  // namespace
 
-std::vector<std::vector<float>> scan_thresholds(const ThresholdScan& scan,
-                                                const std::vector<std::uint32_t>& tensor_list,
-                                                BlockReader& reader) {
+ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint32_t>& blocks,
+                         BlockReader& reader) {
   const Blocking& blocking = *scan.blocking;
   const std::size_t experts = scan.densities.size();
-  std::vector<std::uint32_t> blocks;
-  for (std::uint32_t t : tensor_list)
-    for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i)
-      blocks.push_back(blocking.first_block[t] + i);
-
   StreamOptions options;
   options.io_threads = scan.io_threads;
   options.depth = scan.prefetch_depth;
+  options.pool = scan.pool;
   BlockStream stream(blocking, blocks, experts, reader, std::move(options));
   WorkerPool pool(scan.threads);
   // Each worker owns the experts k with k % workers == worker: no sketch is shared.
@@ -31,37 +26,56 @@ std::vector<std::vector<float>> scan_thresholds(const ThresholdScan& scan,
                                        std::vector<float>(kChunkElems)),
       delta = base;
 
-  std::vector<std::vector<float>> result;
-  std::vector<MagnitudeSketch> sketches(experts);
+  ScanResult result;
+  result.sketches.assign(scan.tensors->size(), std::vector<MagnitudeSketch>(experts));
   double waited = 0;
-  for (std::uint32_t t : tensor_list) {
-    for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i) {
-      if (scan.stop_requested && scan.stop_requested()) return result;
-      auto loaded = stream.next(waited);
-      const Block& blk = blocking.blocks[loaded->block];
-      const DType dtype = (*scan.tensors)[blk.tensor].dtype;
-      const std::size_t size = dtype_size(dtype);
-      pool.run([&](int worker) {
-        const auto w = static_cast<std::size_t>(worker);
-        for (std::size_t first = 0; first < blk.elem_count; first += kChunkElems) {
-          const std::size_t n = std::min<std::size_t>(kChunkElems, blk.elem_count - first);
-          convert_to_f32(dtype, loaded->base.data() + first * size, base[w].data(), n);
-          for (std::size_t k = w; k < experts; k += static_cast<std::size_t>(pool.size())) {
-            convert_delta_to_f32(dtype, loaded->experts[k].data() + first * size, base[w].data(),
-                                 delta[w].data(), n);
-            sketches[k].add(delta[w].data(), n);
-          }
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (scan.stop_requested && scan.stop_requested()) {
+      result.complete = false;
+      break;
+    }
+    auto loaded = stream.next(waited);
+    const Block& blk = blocking.blocks[loaded->block];
+    const DType dtype = (*scan.tensors)[blk.tensor].dtype;
+    const std::size_t size = dtype_size(dtype);
+    std::vector<MagnitudeSketch>& sketches = result.sketches[blk.tensor];
+    pool.run([&](int worker) {
+      const auto w = static_cast<std::size_t>(worker);
+      for (std::size_t first = 0; first < blk.elem_count; first += kChunkElems) {
+        const std::size_t n = std::min<std::size_t>(kChunkElems, blk.elem_count - first);
+        convert_to_f32(dtype, loaded->base.data() + first * size, base[w].data(), n);
+        for (std::size_t k = w; k < experts; k += static_cast<std::size_t>(pool.size())) {
+          convert_delta_to_f32(dtype, loaded->experts[k].data() + first * size, base[w].data(),
+                               delta[w].data(), n);
+          sketches[k].add(delta[w].data(), n);
         }
-      });
-      stream.recycle(std::move(loaded));
-      if (scan.on_block) scan.on_block(blk.byte_length * (experts + 1));
-    }
-    std::vector<float> thresholds(experts);
-    for (std::size_t k = 0; k < experts; ++k) {
-      thresholds[k] = sketches[k].threshold(scan.densities[k]);
-      sketches[k] = MagnitudeSketch();
-    }
-    result.push_back(std::move(thresholds));
+      }
+    });
+    stream.recycle(std::move(loaded));
+    // A tensor's last block in the list: its dense counters (512 KiB each) go sparse now.
+    if (i + 1 == blocks.size() || blocking.blocks[blocks[i + 1]].tensor != blk.tensor)
+      for (MagnitudeSketch& s : sketches) s.compact();
+    if (scan.on_block) scan.on_block(blk.byte_length * (experts + 1));
+  }
+  return result;
+}
+
+std::vector<std::vector<float>> scan_thresholds(const ThresholdScan& scan,
+                                                const std::vector<std::uint32_t>& tensor_list,
+                                                BlockReader& reader) {
+  const Blocking& blocking = *scan.blocking;
+  std::vector<std::uint32_t> blocks;
+  for (std::uint32_t t : tensor_list)
+    for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i)
+      blocks.push_back(blocking.first_block[t] + i);
+  const ScanResult scanned = scan_sketches(scan, blocks, reader);
+  std::vector<std::vector<float>> result;
+  if (!scanned.complete) return result;
+  for (std::uint32_t t : tensor_list) {
+    std::vector<float> row;
+    for (std::size_t k = 0; k < scan.densities.size(); ++k)
+      row.push_back(scanned.sketches[t][k].threshold(scan.densities[k]));
+    result.push_back(std::move(row));
   }
   return result;
 }

@@ -1,6 +1,7 @@
 #include "mergepipe/mpi/comm.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <thread>
@@ -17,6 +18,17 @@ void check_mpi(int rc, const char* what, const char* hint) {
                 std::string(msg, len));
 }
 constexpr std::size_t kMaxPiece = 1u << 30;
+
+// Completes `request` polling with a short sleep between tests: costs up to a millisecond of
+// latency, saves a busy core.
+void wait_politely(MPI_Request& request, const char* hint) {
+  for (int spins = 0;; ++spins) {
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "test", hint);
+    if (done) return;
+    if (spins > 50) std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+}
 }  // namespace
 
 Environment::Environment(int& argc, char**& argv) {
@@ -81,7 +93,9 @@ int Comm::default_threads() const {
 }
 
 void Comm::barrier(const char* hint) const {
-  check_mpi(MPI_Barrier(comm_), "barrier", hint);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ibarrier(comm_, &request), "barrier", hint);
+  wait_politely(request, hint);
 }
 
 void Comm::broadcast(std::string& data, int root, const char* hint) const {
@@ -166,7 +180,12 @@ void Comm::check(const std::optional<Error>& local_failure, const char* hint) co
   // Lowest failing rank wins, so the message is the same whatever the timing.
   const int mine = local_failure ? rank_ : size_;
   int first = size_;
-  check_mpi(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm_), "allreduce", hint);
+  // Non-blocking, waited for with short sleeps: ranks that arrive early (a smaller share, a
+  // failure) must not busy-poll a core away from the ranks still working, as a blocking
+  // MPI_Allreduce does in Open MPI.
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm_, &request), "allreduce", hint);
+  wait_politely(request, hint);
   if (first == size_) return;
   std::string message;
   int code = 0;

@@ -234,6 +234,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       task.full_read && uses_magnitude_trim(task.spec.method) && task.plan.thresholds.empty();
 
   ExecutionJob job = make_execution_job(task, blocking);
+  BlockPool buffers;  // one set of block buffers for every stream of this run
+  job.pool = &buffers;
   job.threads = options.threads;
   job.io_threads = options.io_threads;
   job.prefetch_depth = options.prefetch_depth;
@@ -302,23 +304,17 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   std::vector<std::uint64_t> merge_cost(blocking.blocks.size(), 0);
   for (std::uint32_t b : remaining) merge_cost[b] = block_cost(job, b);
 
-  std::vector<std::uint32_t> my_tensors;  // full-read TIES: whole tensors per rank
   std::vector<std::uint32_t> my_blocks;
   std::uint64_t total_bytes = 0;
+  // Full-read TIES: tensors whose thresholds are still unknown are scanned (every block read
+  // once more, into sketches) before they are merged.
+  auto scan_cost = [&](std::uint32_t b) -> std::uint64_t {
+    const Block& blk = blocking.blocks[b];
+    return thresholds.count(blk.tensor) ? 0 : blk.byte_length * (experts + 1);
+  };
   if (scan_thresholds_from_data) {
-    std::vector<std::uint64_t> tensor_cost(tensor_count, 0);
-    for (std::uint32_t t = 0; t < tensor_count; ++t) {
-      for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i) {
-        const std::uint32_t b = blocking.first_block[t] + i;
-        tensor_cost[t] += merge_cost[b];
-        if (!thresholds.count(t)) tensor_cost[t] += blocking.blocks[b].byte_length * (experts + 1);
-      }
-      total_bytes += tensor_cost[t];
-    }
-    const BlockRange range =
-        partition_by_cost(tensor_cost, comm.size())[static_cast<std::size_t>(comm.rank())];
-    for (std::uint32_t t = range.begin; t < range.end; ++t)
-      if (tensor_cost[t] > 0 || !thresholds.count(t)) my_tensors.push_back(t);
+    for (std::uint32_t b = 0; b < blocking.blocks.size(); ++b)
+      total_bytes += merge_cost[b] + scan_cost(b);
   } else {
     std::vector<std::uint64_t> costs;
     for (std::uint32_t b : remaining) costs.push_back(merge_cost[b]);
@@ -347,7 +343,11 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       };
     }
     RankObserver observer(journal, monitor, mine);
-    WritebackSink sink(*output);
+    // The safetensors writer starts writeback itself; HDF5 writes stay on this thread (HDF5 is
+    // not thread-safe), so start theirs here.
+    std::optional<WritebackSink> hdf5_sink;
+    if (task.format == OutputFormat::kHdf5) hdf5_sink.emplace(*output);
+    OutputSink& sink = hdf5_sink ? static_cast<OutputSink&>(*hdf5_sink) : *output;
     auto add = [](ExecutionStats& into, const ExecutionStats& s) {
       into.base_bytes += s.base_bytes;
       into.expert_bytes += s.expert_bytes;
@@ -369,43 +369,101 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     scan.threads = options.threads;
     scan.io_threads = options.io_threads;
     scan.prefetch_depth = options.prefetch_depth;
+    scan.pool = &buffers;
     scan.on_block = [&](std::uint64_t bytes) { monitor.add(bytes); };
     scan.stop_requested = [&] { return monitor.stop_requested(); };
-    const auto windows = make_windows(my_tensors, task.tensors, experts + 1, options.window_bytes);
-    // While a window is merged (from the page cache) the storage would sit idle: have the kernel
-    // read the next window in the background meanwhile.
-    std::future<void> next_window;
-    auto read_ahead = [&](const std::vector<std::uint32_t>& window) {
+    // Windows are shared by all ranks: each rank scans and then merges its share of every
+    // window, the sketches of a tensor's parts are combined in between. So a window's reads
+    // are in the page cache of the node that merges them, and a tensor larger than a window
+    // (an embedding) is split over the ranks instead of being held by one.
+    std::vector<std::uint32_t> pending_tensors;
+    for (std::uint32_t t = 0; t < tensor_count; ++t) {
+      bool work = !thresholds.count(t);
+      for (std::uint32_t i = 0; i < blocking.block_count[t] && !work; ++i)
+        work = !done.count(blocking.first_block[t] + i);
+      if (work) pending_tensors.push_back(t);
+    }
+    const auto windows =
+        make_windows(pending_tensors, task.tensors, experts + 1,
+                     options.window_bytes * static_cast<std::uint64_t>(comm.size()));
+    auto share_of = [&](const std::vector<std::uint32_t>& window) {
+      std::vector<std::uint32_t> blocks;
+      std::vector<std::uint64_t> costs;
       for (std::uint32_t t : window)
-        for (int source = SourceId::kBase; source < static_cast<int>(experts); ++source)
-          reader.prefetch(SourceId{source}, t, 0, task.tensors[t].nbytes());
+        for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i) {
+          const std::uint32_t b = blocking.first_block[t] + i;
+          blocks.push_back(b);
+          costs.push_back(merge_cost[b] + scan_cost(b) + 1);
+        }
+      const BlockRange r =
+          partition_by_cost(costs, comm.size())[static_cast<std::size_t>(comm.rank())];
+      return std::vector<std::uint32_t>(blocks.begin() + r.begin, blocks.begin() + r.end);
+    };
+    // While a window merges (from the page cache) the storage would sit idle: have the kernel
+    // fetch this rank's share of the next window meanwhile.
+    std::future<void> next_window;
+    auto read_ahead = [&](std::vector<std::uint32_t> share) {
+      for (std::uint32_t b : share) {
+        const Block& blk = blocking.blocks[b];
+        if (!thresholds.count(blk.tensor))
+          for (int source = SourceId::kBase; source < static_cast<int>(experts); ++source)
+            reader.prefetch(SourceId{source}, blk.tensor, blk.byte_begin, blk.byte_length);
+      }
     };
     for (std::size_t w = 0; w < windows.size(); ++w) {
-      const auto& window = windows[w];
-      std::vector<std::uint32_t> unknown;
-      for (std::uint32_t t : window)
-        if (!thresholds.count(t)) unknown.push_back(t);
-      const auto ts = Clock::now();
-      const auto found = scan_thresholds(scan, unknown, reader);
-      scan_seconds += seconds_since(ts);
-      if (found.size() != unknown.size()) return;  // stopped: another rank failed
-      for (std::size_t i = 0; i < unknown.size(); ++i) {
-        const std::uint32_t t = unknown[i];
-        journal.thresholds(t, found[i]);
-        scanned[t] = found[i];
-        for (std::size_t k = 0; k < experts; ++k)
-          job.thresholds[k * tensor_count + t] = found[i][k];
+      const std::vector<std::uint32_t> share = share_of(windows[w]);
+      std::vector<std::uint32_t> to_scan, to_merge;
+      for (std::uint32_t b : share) {
+        if (!thresholds.count(blocking.blocks[b].tensor)) to_scan.push_back(b);
+        if (!done.count(b)) to_merge.push_back(b);
       }
+      const auto ts = Clock::now();
+      ScanResult part;
+      comm.check(capture_failure([&] { part = scan_sketches(scan, to_scan, reader); }),
+                 "scan thresholds");
+      // Combine every rank's part of each tensor's sketches: integer counts, so the result does
+      // not depend on how the tensor was split.
+      Packer mine_packed;
+      for (std::uint32_t t : windows[w]) {
+        if (thresholds.count(t)) continue;
+        for (std::size_t k = 0; k < experts; ++k) {
+          mine_packed.put_vector(part.sketches[t][k].keys());
+          mine_packed.put_vector(part.sketches[t][k].counts());
+        }
+      }
+      std::vector<std::vector<MagnitudeSketch>> whole(tensor_count);
+      for (const std::string& p : comm.allgather(mine_packed.out, "combine sketches")) {
+        Unpacker u(p, "merge: sketches");
+        for (std::uint32_t t : windows[w]) {
+          if (thresholds.count(t)) continue;
+          whole[t].resize(experts);
+          for (std::size_t k = 0; k < experts; ++k) {
+            const auto keys = u.get_vector<std::uint16_t>();
+            const auto counts = u.get_vector<std::uint64_t>();
+            whole[t][k].merge(MagnitudeSketch::from_sparse(keys, counts));
+          }
+        }
+      }
+      for (std::uint32_t t : windows[w]) {
+        if (thresholds.count(t)) continue;
+        std::vector<float> values(experts);
+        for (std::size_t k = 0; k < experts; ++k)
+          values[k] = whole[t][k].threshold(scan.densities[k]);
+        if (comm.is_root()) journal.thresholds(t, values);
+        for (std::size_t k = 0; k < experts; ++k) job.thresholds[k * tensor_count + t] = values[k];
+        scanned[t] = std::move(values);
+      }
+      scan_seconds += seconds_since(ts);
       if (next_window.valid()) next_window.get();
       if (w + 1 < windows.size())
-        next_window = std::async(std::launch::async, read_ahead, std::cref(windows[w + 1]));
-      std::vector<std::uint32_t> blocks;
-      for (std::uint32_t t : window)
-        for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i)
-          if (!done.count(blocking.first_block[t] + i))
-            blocks.push_back(blocking.first_block[t] + i);
-      add(stats, execute_blocks(job, blocks, reader, sink, &observer));
-      if (stats.stopped) return;
+        next_window = std::async(std::launch::async, read_ahead, share_of(windows[w + 1]));
+      // Merge the share backwards: the page cache evicts the oldest pages first, so the blocks
+      // scanned last are the likeliest to still be there, and merging them first gives other
+      // reads the least time to push the rest out.
+      std::reverse(to_merge.begin(), to_merge.end());
+      std::optional<Error> merge_failure = capture_failure(
+          [&] { add(stats, execute_blocks(job, to_merge, reader, sink, &observer)); });
+      comm.check(merge_failure, "merge");
     }
   });
   monitor.finish(failure.has_value());
@@ -416,9 +474,6 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
 
   // Output hashes of every block on rank 0: the confirmed claims plus what each rank merged.
   const auto parts = comm.gather(pack_hashes(mine), 0, "gather output hashes");
-  const auto threshold_parts = scan_thresholds_from_data
-                                   ? comm.gather(pack_thresholds(scanned), 0, "gather thresholds")
-                                   : std::vector<std::string>();
   if (comm.is_root()) {
     BlockHashes all = done;
     for (const std::string& p : parts) unpack_hashes(p, all);
@@ -433,8 +488,9 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
           std::span(flat).subspan(blocking.first_block[t], blocking.block_count[t])));
     }
     if (scan_thresholds_from_data) {
+      // Every rank combined every window's sketches, so rank 0 knows all thresholds.
       Thresholds known = thresholds;
-      for (const std::string& p : threshold_parts) unpack_thresholds(p, known);
+      known.insert(scanned.begin(), scanned.end());
       if (known.size() != tensor_count)
         throw IoError("merge: thresholds of " + std::to_string(tensor_count - known.size()) +
                       " tensors were lost in the gather");

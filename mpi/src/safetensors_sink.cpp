@@ -25,13 +25,19 @@ SafetensorsSink::SafetensorsSink(const Comm& comm, const io::OutputLayout& layou
                }
              }),
              "write the shard headers");
+  // Block bytes go through POSIX writes on a writer thread (as MPI-IO's independent writes do
+  // underneath on a POSIX file system): the merging thread hands them over and goes on.
+  std::vector<std::string> paths;
+  for (const std::string& name : layout.shard_names) paths.push_back(dir + "/" + name);
+  comm.check(capture_failure([&] { writer_ = std::make_unique<io::AsyncFileWriter>(paths); }),
+             "open the output shards for writing");
 }
 
 void SafetensorsSink::write(std::uint32_t tensor, std::uint64_t elem_begin,
                             std::span<const std::byte> bytes) {
   const TensorInfo& info = layout_.tensors[tensor];
   const std::uint64_t offset = layout_.tensor_offset[tensor] + elem_begin * dtype_size(info.dtype);
-  files_[layout_.tensor_shard[tensor]]->write_at(offset, bytes);
+  writer_->write(layout_.tensor_shard[tensor], offset, bytes);
   io::global_byte_counters().add(io::ByteCategory::kOutputWritten, bytes.size());
 }
 
@@ -41,6 +47,8 @@ OutputLocation SafetensorsSink::locate(std::uint32_t tensor, std::uint64_t elem_
 }
 
 void SafetensorsSink::finish() {
+  comm_.check(capture_failure([&] { writer_->finish(); }), "write the output shards");
+  writer_.reset();
   for (std::size_t s = 0; s < files_.size(); ++s) {
     MpiFile& f = *files_[s];
     comm_.check(capture_failure([&] { f.set_size(layout_.shards[s].file_size); }),

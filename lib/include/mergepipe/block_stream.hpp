@@ -43,12 +43,49 @@ class BlockReader {
                                std::uint64_t length) const = 0;
 };
 
+// A byte buffer that keeps its capacity and never zero-fills: every byte is overwritten by a
+// read before use, and zeroing (plus the page faults of fresh memory) cost as much as a copy.
+class ByteBuffer {
+ public:
+  std::byte* data() noexcept { return data_.get(); }
+  const std::byte* data() const noexcept { return data_.get(); }
+  std::size_t size() const noexcept { return size_; }
+  std::byte& operator[](std::size_t i) noexcept { return data_[i]; }
+  const std::byte& operator[](std::size_t i) const noexcept { return data_[i]; }
+  // New size; the contents are unspecified afterwards when it grows past the capacity.
+  void resize(std::size_t n) {
+    if (n > capacity_) {
+      data_.reset(new std::byte[n]);
+      capacity_ = n;
+    }
+    size_ = n;
+  }
+  operator std::span<std::byte>() noexcept { return {data(), size_}; }
+  operator std::span<const std::byte>() const noexcept { return {data(), size_}; }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+  std::size_t size_ = 0, capacity_ = 0;
+};
+
 // Raw bytes of one block: the base and every wanted expert.
 struct LoadedBlock {
   std::uint32_t block = 0;
-  std::vector<std::byte> base;
-  std::vector<std::vector<std::byte>> experts;
+  ByteBuffer base;
+  std::vector<ByteBuffer> experts;
   std::vector<char> present;  // per expert: read for this block
+};
+
+// Block buffers kept between streams (one per window of a full read, say), so their memory is
+// allocated and faulted in once per run. Thread-safe.
+class BlockPool {
+ public:
+  std::unique_ptr<LoadedBlock> take();
+  void give(std::unique_ptr<LoadedBlock> block);
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<LoadedBlock>> blocks_;
 };
 
 struct StreamOptions {
@@ -59,6 +96,8 @@ struct StreamOptions {
   // Called on an I/O thread after each read, before the block is handed out; may throw (the
   // consumer then gets the exception). Used to check reads against catalog hashes.
   std::function<void(SourceId, std::uint32_t block, std::span<const std::byte>)> check;
+  // Where the stream takes its buffers from and returns them to (null: its own).
+  BlockPool* pool = nullptr;
 };
 
 class BlockStream {

@@ -56,6 +56,7 @@ struct ExecutionJob {
   bool allow_nonfinite = false;  // otherwise a NaN/Inf in the output is an InputError
   // Optional check of every read (StreamOptions::check), e.g. against catalog hashes.
   std::function<void(SourceId, std::uint32_t block, std::span<const std::byte>)> check_read;
+  BlockPool* pool = nullptr;  // block buffers to reuse across calls (optional)
 };
 
 struct ExecutionStats {

@@ -1,13 +1,15 @@
 #pragma once
 // TIES trimming thresholds computed from the data, for merges that have no catalog (--full-read):
 // the same magnitude sketch and the same definition as the catalog (SPEC §3), so a full read
-// and a 100%-budget merge agree bit for bit. Reads the base and every expert block of the given
-// tensors once (through a BlockStream) and keeps one sketch per expert of the current tensor.
+// and a 100%-budget merge agree bit for bit. A scan reads the base and every expert block of a
+// list of blocks once (through a BlockStream) into per-(tensor, expert) sketches; sketches of the
+// parts of a tensor (scanned by several ranks) merge exactly, since they are integer counts.
 #include <cstdint>
 #include <functional>
 #include <vector>
 
 #include "mergepipe/block_stream.hpp"
+#include "mergepipe/magnitude_sketch.hpp"
 #include "mergepipe/tensor.hpp"
 
 namespace mergepipe {
@@ -19,14 +21,25 @@ struct ThresholdScan {
   int threads = 1;                // compute threads
   int io_threads = 4;
   int prefetch_depth = 2;
+  BlockPool* pool = nullptr;  // block buffers to reuse across scans (optional)
   // Called on the calling thread after each block with the bytes it read.
   std::function<void(std::uint64_t)> on_block;
   // Polled between blocks; true abandons the scan (the result is then incomplete).
   std::function<bool()> stop_requested;
 };
 
-// Thresholds of `tensor_list` (indices into *scan.tensors): result[i][k] is tensor_list[i]'s
-// threshold for expert k (|Δ| >= t kept). Throws what the reader throws.
+// Sparse sketches of the deltas in `blocks` (block order; they may cover only part of a tensor):
+// sketches[t][k] for every tensor t touched, empty MagnitudeSketch for the rest. Returns early
+// (incomplete) when stop_requested. Throws what the reader throws.
+struct ScanResult {
+  std::vector<std::vector<MagnitudeSketch>> sketches;  // [tensor][expert], sparse form
+  bool complete = true;
+};
+ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint32_t>& blocks,
+                         BlockReader& reader);
+
+// Thresholds of whole tensors: result[i][k] is tensor_list[i]'s threshold for expert k
+// (|Δ| >= t kept), from the sketch of all its blocks.
 std::vector<std::vector<float>> scan_thresholds(const ThresholdScan& scan,
                                                 const std::vector<std::uint32_t>& tensor_list,
                                                 BlockReader& reader);

@@ -36,7 +36,7 @@ struct MergeRunOptions {
   bool resume = false;  // output_dir holds an earlier attempt of this task: keep what checks out
   VerifyReads verify_reads = VerifyReads::kFirstPerFile;
   // Full-read TIES: input bytes per scan-then-merge window (the page cache holds about two).
-  std::uint64_t window_bytes = std::uint64_t{2} << 30;
+  std::uint64_t window_bytes = std::uint64_t{512} << 20;
   ProgressListener* progress = nullptr;  // rank 0
 };
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "mergepipe/executor.hpp"
+#include "mergepipe/io/async_writer.hpp"
 #include "mergepipe/io/output_layout.hpp"
 #include "mergepipe/mpi/comm.hpp"
 #include "mergepipe/mpi/mpi_file.hpp"
@@ -24,9 +25,10 @@ class StagedOutput : public OutputSink {
   virtual void finish() = 0;  // collective, on success only
 };
 
-// safetensors shards via MPI-IO: collective open of every shard, rank 0 writes the headers,
-// every rank writes its blocks at offsets fixed by the layout (independent explicit-offset
-// writes), then a collective set_size + sync + close.
+// safetensors shards: collective MPI-IO open of every shard (creation, hints), rank 0 writes the
+// headers, every rank writes its blocks at offsets fixed by the layout from a writer thread
+// (io::AsyncFileWriter: positioned POSIX writes, early writeback), then fdatasync and a
+// collective set_size + sync + close.
 // Opening an existing shard (a resumed run) keeps its bytes.
 class SafetensorsSink : public StagedOutput {
  public:
@@ -42,6 +44,7 @@ class SafetensorsSink : public StagedOutput {
   const io::OutputLayout& layout_;
   std::string dir_;
   std::vector<std::unique_ptr<MpiFile>> files_;
+  std::unique_ptr<io::AsyncFileWriter> writer_;
 };
 
 // One parallel-HDF5 file, one contiguous dataset per tensor, created collectively with

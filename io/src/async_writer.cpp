@@ -1,0 +1,89 @@
+#include "mergepipe/io/async_writer.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "mergepipe/error.hpp"
+
+namespace mergepipe::io {
+
+AsyncFileWriter::AsyncFileWriter(const std::vector<std::string>& paths, std::size_t buffers)
+    : free_(std::max<std::size_t>(1, buffers)) {
+  for (const auto& p : paths) files_.emplace_back(p, File::Mode::kReadWrite);
+  thread_ = std::thread([this] { loop(); });
+}
+
+AsyncFileWriter::~AsyncFileWriter() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void AsyncFileWriter::rethrow_if_failed() {
+  if (error_) std::rethrow_exception(error_);
+}
+
+void AsyncFileWriter::write(std::size_t file, std::uint64_t offset,
+                            std::span<const std::byte> bytes) {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [this] { return error_ || !free_.empty(); });
+  rethrow_if_failed();
+  Job job{file, offset, std::move(free_.back())};
+  free_.pop_back();
+  lock.unlock();
+  job.bytes.resize(bytes.size());
+  if (!bytes.empty()) std::memcpy(job.bytes.data(), bytes.data(), bytes.size());
+  lock.lock();
+  queue_.push_back(std::move(job));
+  ++in_flight_;
+  cv_.notify_all();
+}
+
+void AsyncFileWriter::finish() {
+  {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [this] { return error_ || in_flight_ == 0; });
+    rethrow_if_failed();
+  }
+  for (const File& f : files_) {
+    if (::fdatasync(f.fd()) != 0)
+      throw IoError(f.path() + ": fdatasync failed: " + std::strerror(errno));
+  }
+}
+
+void AsyncFileWriter::loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      const File& f = files_.at(job.file);
+      f.write_at(job.offset, job.bytes);
+      // Best effort: start the writeback now; the final fdatasync reports real errors.
+      (void)::sync_file_range(f.fd(), static_cast<off64_t>(job.offset),
+                              static_cast<off64_t>(job.bytes.size()), SYNC_FILE_RANGE_WRITE);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mutex_);
+      free_.push_back(std::move(job.bytes));
+      --in_flight_;
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace mergepipe::io
