@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hf_folder.hpp"
@@ -90,6 +91,8 @@ void finish_run_options(const RunOptionText& text, PipelineOptions& options,
   if (options.threads < 0 || options.io_threads < 1 || options.prefetch_depth < 1)
     throw UsageError(command + ": --threads must be >= 0, --io-threads and --prefetch >= 1");
   options.mpiio_hints = parse_hints(text.hints);
+  options.read_bytes = parse_byte_size(text.read_size, command + ": --read-size");
+  if (options.read_bytes < 4096) throw UsageError(command + ": --read-size must be at least 4KiB");
   options.resume = !text.no_resume;
   if (text.verify_reads == "first") {
     options.verify_reads = mpi::VerifyReads::kFirstPerFile;
@@ -155,6 +158,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
   run_options.threads = outcome.threads;
   run_options.io_threads = options.io_threads;
   run_options.prefetch_depth = options.prefetch_depth;
+  run_options.read_bytes = options.read_bytes;
   run_options.allow_nonfinite = options.allow_nonfinite;
   run_options.mpiio_hints = options.mpiio_hints;
   run_options.resume = resumed != 0;
@@ -204,6 +208,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
     record.replay_of = options.replay_of;
     record.extra = {{"io_threads", options.io_threads},
                     {"prefetch_depth", options.prefetch_depth},
+                    {"read_bytes", options.read_bytes},
                     {"verify_reads", options.verify_reads == mpi::VerifyReads::kAll   ? "all"
                                      : options.verify_reads == mpi::VerifyReads::kOff ? "off"
                                                                                       : "first"},

@@ -7,11 +7,19 @@ namespace mergepipe {
 
 BlockStream::BlockStream(const Blocking& blocking, std::vector<std::uint32_t> blocks,
                          std::size_t experts, BlockReader& reader, StreamOptions options)
-    : blocking_(blocking),
-      blocks_(std::move(blocks)),
-      experts_(experts),
-      reader_(reader),
-      options_(std::move(options)) {
+    : blocking_(blocking), experts_(experts), reader_(reader), options_(std::move(options)) {
+  for (std::uint32_t b : blocks) {
+    const Block& blk = blocking.blocks[b];
+    const std::uint64_t elem_size = blk.elem_count ? blk.byte_length / blk.elem_count : 1;
+    const std::uint64_t per_slice =
+        options_.slice_bytes ? std::max<std::uint64_t>(1, options_.slice_bytes / elem_size)
+                             : std::max<std::uint64_t>(1, blk.elem_count);
+    for (std::uint64_t e = 0; e < blk.elem_count || e == 0; e += per_slice) {
+      const std::uint64_t n = std::min(per_slice, blk.elem_count - e);
+      units_.push_back({b, e, n, e * elem_size, n * elem_size, e == 0, e + n >= blk.elem_count});
+      if (blk.elem_count == 0) break;
+    }
+  }
   const int depth = std::max(1, options_.depth);
   for (int i = 0; i < depth + 1; ++i)
     free_.push_back(options_.pool ? options_.pool->take() : std::make_unique<LoadedBlock>());
@@ -47,14 +55,21 @@ void BlockPool::give(std::unique_ptr<LoadedBlock> block) {
 }
 
 bool BlockStream::can_schedule() const {
-  return !free_.empty() && scheduled_ < blocks_.size();
+  return !free_.empty() && scheduled_ < units_.size();
 }
 
 void BlockStream::schedule_next() {
-  const std::uint32_t b = blocks_[scheduled_++];
+  const Unit& unit = units_[scheduled_++];
+  const std::uint32_t b = unit.block;
   std::unique_ptr<LoadedBlock> block = std::move(free_.back());
   free_.pop_back();
   block->block = b;
+  block->elem_offset = unit.elem_offset;
+  block->elem_count = unit.elem_count;
+  block->byte_offset = unit.byte_offset;
+  block->byte_length = unit.byte_length;
+  block->first_slice = unit.first;
+  block->last_slice = unit.last;
   block->experts.resize(experts_);
   block->present.assign(experts_, 0);
   Inflight& entry = inflight_.emplace_back();
@@ -74,10 +89,9 @@ void BlockStream::read_piece(const Piece& piece) {
   ByteBuffer& dst = piece.source == SourceId::kBase
                         ? block.base
                         : block.experts[static_cast<std::size_t>(piece.source)];
-  dst.resize(blk.byte_length);
-  const SourceId source{piece.source};
-  reader_.read(source, blk.tensor, blk.byte_begin, std::span<std::byte>(dst));
-  if (options_.check) options_.check(source, block.block, std::span<const std::byte>(dst));
+  dst.resize(block.byte_length);
+  reader_.read(SourceId{piece.source}, blk.tensor, blk.byte_begin + block.byte_offset,
+               std::span<std::byte>(dst));
 }
 
 void BlockStream::io_loop() {
@@ -106,7 +120,7 @@ void BlockStream::io_loop() {
       io_cv_.notify_all();
       return;
     }
-    const std::uint64_t bytes = blocking_.blocks[piece.owner->block->block].byte_length;
+    const std::uint64_t bytes = piece.owner->block->byte_length;
     (piece.source == SourceId::kBase ? base_bytes_ : expert_bytes_) += bytes;
     if (--piece.owner->pending == 0) ready_cv_.notify_all();
   }
@@ -115,7 +129,7 @@ void BlockStream::io_loop() {
 std::unique_ptr<LoadedBlock> BlockStream::next(double& waited) {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock lock(mutex_);
-  if (handed_out_ == blocks_.size()) return nullptr;
+  if (handed_out_ == units_.size()) return nullptr;
   ready_cv_.wait(
       lock, [this] { return error_ || (!inflight_.empty() && inflight_.front().pending == 0); });
   waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

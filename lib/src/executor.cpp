@@ -37,20 +37,21 @@ struct Scratch {
                                   const BlockReader& reader, std::uint64_t count) {
   const Block& blk = job.blocking->blocks[loaded.block];
   const TensorInfo& tensor = (*job.tensors)[blk.tensor];
-  std::vector<float> values(blk.elem_count);
+  std::vector<float> values(loaded.elem_count);
   auto nonfinite_in = [&](const ByteBuffer& bytes) {
     convert_to_f32(tensor.dtype, bytes.data(), values.data(), values.size());
     return count_nonfinite(values) > 0;
   };
   std::string where;
   if (nonfinite_in(loaded.base)) {
-    where = reader.describe(SourceId{}, blk.tensor, blk.byte_begin, blk.byte_length) +
+    where = reader.describe(SourceId{}, blk.tensor, blk.byte_begin + loaded.byte_offset,
+                            loaded.byte_length) +
             ": tensor '" + tensor.name + "' of the base holds NaN/Inf values";
   }
   for (std::size_t k = 0; k < job.experts && where.empty(); ++k) {
     if (loaded.present[k] && nonfinite_in(loaded.experts[k])) {
-      where = reader.describe(SourceId{static_cast<int>(k)}, blk.tensor, blk.byte_begin,
-                              blk.byte_length) +
+      where = reader.describe(SourceId{static_cast<int>(k)}, blk.tensor,
+                              blk.byte_begin + loaded.byte_offset, loaded.byte_length) +
               ": tensor '" + tensor.name + "' of expert " + std::to_string(k) +
               " holds NaN/Inf values";
     }
@@ -88,28 +89,45 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
   }
   std::vector<float> threshold_column(job.experts);
   std::vector<std::byte> out_bytes;
+  // Read checks hash each source's slices of a block in order: one state per source.
+  std::vector<Hasher64> read_hashes(job.check_read.wanted ? job.experts + 1 : 0);
+  std::vector<char> checking(read_hashes.size(), 0);
   StreamOptions stream_options;
   stream_options.io_threads = job.io_threads;
   stream_options.depth = job.prefetch_depth;
+  stream_options.slice_bytes = job.slice_bytes;
   stream_options.wanted = job.admitted;
-  stream_options.check = job.check_read;
   stream_options.pool = job.pool;
   BlockStream stream(*job.blocking, blocks, job.experts, reader, std::move(stream_options));
 
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    if (observer && observer->stop_requested()) {
+  std::size_t i = 0;  // index in `blocks` of the block being merged
+  std::uint64_t moved = 0;
+  std::unique_ptr<LoadedBlock> loaded;
+  for (;;) {
+    if (loaded) stream.recycle(std::move(loaded));
+    if (i == blocks.size()) break;
+    const std::uint32_t b = blocks[i];
+    const Block& blk = job.blocking->blocks[b];
+    const bool block_start = !stats.stopped && moved == 0;
+    if (block_start && observer && observer->stop_requested()) {
       stats.stopped = true;
       break;
     }
-    auto loaded = stream.next(stats.read_wait_seconds);
-    const std::uint32_t b = blocks[i];
-    const Block& blk = job.blocking->blocks[b];
+    loaded = stream.next(stats.read_wait_seconds);
     const TensorInfo& tensor = (*job.tensors)[blk.tensor];
     const DType in_type = tensor.dtype;
     const std::size_t in_size = dtype_size(in_type);
     const DType out_type = job.out_dtypes[blk.tensor];
     const std::size_t out_size = dtype_size(out_type);
-    out_bytes.resize(blk.elem_count * out_size);
+    if (loaded->first_slice) {
+      out_bytes.resize(blk.elem_count * out_size);
+      for (std::size_t src = 0; src < checking.size(); ++src) {
+        const SourceId source{static_cast<int>(src) - 1};
+        checking[src] = (source.expert == SourceId::kBase || loaded->present[src - 1]) &&
+                        job.check_read.wanted(source, b);
+        if (checking[src]) read_hashes[src].reset();
+      }
+    }
 
     TensorContext tctx{job.name_keys[blk.tensor], {}};
     if (!job.thresholds.empty()) {
@@ -121,14 +139,23 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
     }
 
     const auto t0 = Clock::now();
-    const std::size_t chunks = (blk.elem_count + kChunkElems - 1) / kChunkElems;
+    const std::uint64_t slice_elems = loaded->elem_count;
+    const std::size_t chunks = (slice_elems + kChunkElems - 1) / kChunkElems;
+    std::byte* out = out_bytes.data() + loaded->elem_offset * out_size;
+    const std::uint64_t elem_begin = blk.elem_begin + loaded->elem_offset;
     pool.run([&](int worker) {
       Scratch& s = scratch[static_cast<std::size_t>(worker)];
-      for (std::size_t c = static_cast<std::size_t>(worker); c < chunks;
-           c += static_cast<std::size_t>(pool.size())) {
+      const auto workers = static_cast<std::size_t>(pool.size());
+      // Read checks: each worker hashes the sources src with src % workers == worker.
+      for (std::size_t src = static_cast<std::size_t>(worker); src < checking.size();
+           src += workers) {
+        if (!checking[src]) continue;
+        const ByteBuffer& bytes = src == 0 ? loaded->base : loaded->experts[src - 1];
+        read_hashes[src].update(bytes.data(), bytes.size());
+      }
+      for (std::size_t c = static_cast<std::size_t>(worker); c < chunks; c += workers) {
         const std::size_t first = c * kChunkElems;
-        const std::size_t n =
-            std::min(kChunkElems, static_cast<std::size_t>(blk.elem_count) - first);
+        const std::size_t n = std::min<std::size_t>(kChunkElems, slice_elems - first);
         convert_to_f32(in_type, loaded->base.data() + first * in_size, s.base.data(), n);
         for (std::size_t k = 0; k < job.experts; ++k) {
           if (!loaded->present[k]) {
@@ -141,10 +168,9 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
                                d, n);
           s.pointers[k] = d;
         }
-        merge_block(job.op, tctx, blk.elem_begin + first, n, s.base.data(), s.pointers,
-                    s.out.data());
+        merge_block(job.op, tctx, elem_begin + first, n, s.base.data(), s.pointers, s.out.data());
         s.nonfinite += count_nonfinite(std::span<const float>(s.out.data(), n));
-        convert_from_f32(out_type, s.out.data(), out_bytes.data() + first * out_size, n);
+        convert_from_f32(out_type, s.out.data(), out + first * out_size, n);
       }
     });
     stats.compute_seconds += seconds_since(t0);
@@ -153,18 +179,25 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
     for (auto& s : scratch) nonfinite += std::exchange(s.nonfinite, 0);
     if (nonfinite && !job.allow_nonfinite) throw_nonfinite(job, *loaded, reader, nonfinite);
     stats.nonfinite += nonfinite;
+    moved += loaded->byte_length + slice_elems * out_size;
+    for (std::size_t k = 0; k < job.experts; ++k)
+      moved += loaded->present[k] ? loaded->byte_length : 0;
+    if (!loaded->last_slice) continue;
+
+    // The whole block is merged and read: check the reads, hash and hand over the output.
+    for (std::size_t src = 0; src < checking.size(); ++src)
+      if (checking[src])
+        job.check_read.verify(SourceId{static_cast<int>(src) - 1}, b, read_hashes[src].digest());
     const std::uint64_t hash = hash64(out_bytes.data(), out_bytes.size());
     stats.block_hashes[i] = hash;
-    std::uint64_t moved = blk.byte_length + out_bytes.size();
-    for (std::size_t k = 0; k < job.experts; ++k) moved += loaded->present[k] ? blk.byte_length : 0;
-    stream.recycle(std::move(loaded));
-
     const auto t1 = Clock::now();
     sink.write(blk.tensor, blk.elem_begin, out_bytes);
     stats.write_seconds += seconds_since(t1);
     stats.output_bytes += out_bytes.size();
     ++stats.blocks_done;
     if (observer) observer->block_done(b, hash, moved);
+    moved = 0;
+    ++i;
   }
   stats.base_bytes = stream.base_bytes();
   stats.expert_bytes = stream.expert_bytes();

@@ -18,6 +18,7 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
   StreamOptions options;
   options.io_threads = scan.io_threads;
   options.depth = scan.prefetch_depth;
+  options.slice_bytes = scan.slice_bytes;
   options.pool = scan.pool;
   BlockStream stream(blocking, blocks, experts, reader, std::move(options));
   WorkerPool pool(scan.threads);
@@ -29,20 +30,21 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
   ScanResult result;
   result.sketches.assign(scan.tensors->size(), std::vector<MagnitudeSketch>(experts));
   double waited = 0;
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
+  for (std::size_t i = 0; i < blocks.size();) {
     if (scan.stop_requested && scan.stop_requested()) {
       result.complete = false;
       break;
     }
     auto loaded = stream.next(waited);
     const Block& blk = blocking.blocks[loaded->block];
+    const std::uint64_t slice_elems = loaded->elem_count;
     const DType dtype = (*scan.tensors)[blk.tensor].dtype;
     const std::size_t size = dtype_size(dtype);
     std::vector<MagnitudeSketch>& sketches = result.sketches[blk.tensor];
     pool.run([&](int worker) {
       const auto w = static_cast<std::size_t>(worker);
-      for (std::size_t first = 0; first < blk.elem_count; first += kChunkElems) {
-        const std::size_t n = std::min<std::size_t>(kChunkElems, blk.elem_count - first);
+      for (std::size_t first = 0; first < slice_elems; first += kChunkElems) {
+        const std::size_t n = std::min<std::size_t>(kChunkElems, slice_elems - first);
         convert_to_f32(dtype, loaded->base.data() + first * size, base[w].data(), n);
         for (std::size_t k = w; k < experts; k += static_cast<std::size_t>(pool.size())) {
           convert_delta_to_f32(dtype, loaded->experts[k].data() + first * size, base[w].data(),
@@ -51,11 +53,15 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
         }
       }
     });
+    const bool last_slice = loaded->last_slice;
+    const std::uint64_t bytes = loaded->byte_length * (experts + 1);
     stream.recycle(std::move(loaded));
+    if (scan.on_block) scan.on_block(bytes);
+    if (!last_slice) continue;
     // A tensor's last block in the list: its dense counters (512 KiB each) go sparse now.
     if (i + 1 == blocks.size() || blocking.blocks[blocks[i + 1]].tensor != blk.tensor)
       for (MagnitudeSketch& s : sketches) s.compact();
-    if (scan.on_block) scan.on_block(blk.byte_length * (experts + 1));
+    ++i;
   }
   return result;
 }

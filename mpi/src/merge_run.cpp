@@ -80,45 +80,48 @@ void unpack_thresholds(const std::string& bytes, Thresholds& into) {
   }
 }
 
-// Checks reads against the catalog's content hashes (SPEC §2: a block hash per expert block).
+// Checks reads against the catalog's content hashes (SPEC §2: a block hash per expert block,
+// and per base block in catalogs that record them).
 class ReadVerifier {
  public:
-  ReadVerifier(const MergeTask& task, const Blocking& blocking, VerifyReads mode)
-      : task_(task), blocking_(blocking), mode_(mode) {}
+  ReadVerifier(const MergeTask& task, const Blocking& blocking, VerifyReads mode,
+               const BlockReader& reader)
+      : task_(task), blocking_(blocking), mode_(mode), reader_(reader) {}
   bool active() const {
     return mode_ != VerifyReads::kOff &&
            (!task_.expert_block_hashes.empty() || !task_.base_block_hashes.empty());
   }
-  void check(const BlockReader& reader, SourceId source, std::uint32_t block,
-             std::span<const std::byte> bytes) {
-    const std::vector<std::uint64_t>* expected =
-        source.expert == SourceId::kBase
-            ? &task_.base_block_hashes
-            : &task_.expert_block_hashes.at(static_cast<std::size_t>(source.expert));
-    if (expected->empty()) return;
+  bool wanted(SourceId source, std::uint32_t block) {
+    if (expected(source).empty()) return false;
+    if (mode_ == VerifyReads::kAll) return true;
+    const CheckpointLocation& loc = source.expert == SourceId::kBase
+                                        ? task_.base
+                                        : task_.experts[static_cast<std::size_t>(source.expert)];
+    // The first block this rank reads from each file.
+    return seen_.insert({source.expert, loc.tensor_file[blocking_.blocks[block].tensor]}).second;
+  }
+  void verify(SourceId source, std::uint32_t block, std::uint64_t got) const {
+    const std::uint64_t want = expected(source)[block];
+    if (got == want) return;
     const Block& blk = blocking_.blocks[block];
-    if (mode_ == VerifyReads::kFirstPerFile) {
-      const CheckpointLocation& loc = source.expert == SourceId::kBase
-                                          ? task_.base
-                                          : task_.experts[static_cast<std::size_t>(source.expert)];
-      std::lock_guard lock(mutex_);
-      if (!seen_.insert({source.expert, loc.tensor_file[blk.tensor]}).second) return;
-    }
-    const std::uint64_t got = hash64(bytes.data(), bytes.size());
-    if (got == (*expected)[block]) return;
-    throw InputError(reader.describe(source, blk.tensor, blk.byte_begin, blk.byte_length) +
+    throw InputError(reader_.describe(source, blk.tensor, blk.byte_begin, blk.byte_length) +
                      ": block " + std::to_string(block) + " of tensor '" +
                      task_.tensors[blk.tensor].name + "' does not match the catalog (hash " +
-                     hex64(got) + ", catalogued " + hex64((*expected)[block]) +
+                     hex64(got) + ", catalogued " + hex64(want) +
                      "): the file changed after it was catalogued (rebuild the catalog) or the "
                      "storage returned wrong data");
   }
 
  private:
+  const std::vector<std::uint64_t>& expected(SourceId source) const {
+    return source.expert == SourceId::kBase
+               ? task_.base_block_hashes
+               : task_.expert_block_hashes.at(static_cast<std::size_t>(source.expert));
+  }
   const MergeTask& task_;
   const Blocking& blocking_;
   const VerifyReads mode_;
-  std::mutex mutex_;
+  const BlockReader& reader_;
   std::set<std::pair<int, std::uint32_t>> seen_;  // (source, file index) already checked
 };
 
@@ -239,6 +242,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   job.threads = options.threads;
   job.io_threads = options.io_threads;
   job.prefetch_depth = options.prefetch_depth;
+  job.slice_bytes = options.read_bytes;
   job.allow_nonfinite = options.allow_nonfinite;
   if (scan_thresholds_from_data) job.thresholds.assign(experts * tensor_count, 0.0f);
 
@@ -336,10 +340,13 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
                                      task.full_read
                                          ? io::CheckpointBlockReader::ExpertAccess::kWholeFiles
                                          : io::CheckpointBlockReader::ExpertAccess::kExactRanges);
-    ReadVerifier verifier(task, blocking, options.verify_reads);
+    ReadVerifier verifier(task, blocking, options.verify_reads, reader);
     if (verifier.active()) {
-      job.check_read = [&](SourceId source, std::uint32_t block, std::span<const std::byte> bytes) {
-        verifier.check(reader, source, block, bytes);
+      job.check_read.wanted = [&](SourceId source, std::uint32_t block) {
+        return verifier.wanted(source, block);
+      };
+      job.check_read.verify = [&](SourceId source, std::uint32_t block, std::uint64_t hash) {
+        verifier.verify(source, block, hash);
       };
     }
     RankObserver observer(journal, monitor, mine);
@@ -369,6 +376,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     scan.threads = options.threads;
     scan.io_threads = options.io_threads;
     scan.prefetch_depth = options.prefetch_depth;
+    scan.slice_bytes = options.read_bytes;
     scan.pool = &buffers;
     scan.on_block = [&](std::uint64_t bytes) { monitor.add(bytes); };
     scan.stop_requested = [&] { return monitor.stop_requested(); };

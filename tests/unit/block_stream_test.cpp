@@ -80,8 +80,6 @@ TEST(BlockStream, HandsOutBlocksInOrderWithExactlyTheWantedReads) {
       o.io_threads = threads;
       o.depth = depth;
       o.wanted = [&](std::size_t k, std::size_t b) { return s.wanted(k, b); };
-      std::atomic<int> checks{0};
-      o.check = [&](SourceId, std::uint32_t, std::span<const std::byte>) { ++checks; };
       BlockStream stream(s.blocking, list, s.experts, reader, o);
       double waited = 0;
       std::uint64_t expect_base = 0, expect_expert = 0;
@@ -111,7 +109,6 @@ TEST(BlockStream, HandsOutBlocksInOrderWithExactlyTheWantedReads) {
       EXPECT_EQ(stream.base_bytes(), expect_base);
       EXPECT_EQ(stream.expert_bytes(), expect_expert);
       EXPECT_EQ(reader.reads.load(), expect_reads);
-      EXPECT_EQ(checks.load(), expect_reads);
       EXPECT_LE(reader.max_in_flight.load(), threads);
     }
   }
@@ -150,21 +147,54 @@ TEST(BlockStream, AReadErrorReachesTheConsumer) {
   }
 }
 
-TEST(BlockStream, ACheckFailureReachesTheConsumer) {
+TEST(BlockStream, SlicesCoverEachBlockInOrder) {
   const StreamFixture s;
-  PatternReader reader;
-  StreamOptions o;
-  o.check = [](SourceId source, std::uint32_t block, std::span<const std::byte>) {
-    if (source.expert == 2 && block == 3) throw InputError("block 3 of expert 2 is bad");
-  };
-  BlockStream stream(s.blocking, block_range(0, std::uint32_t(s.blocking.blocks.size())), s.experts,
-                     reader, o);
-  double waited = 0;
-  EXPECT_THROW(
-      {
-        while (auto b = stream.next(waited)) stream.recycle(std::move(b));
-      },
-      InputError);
+  for (std::uint64_t slice : {2u, 30u, 64u, 1000u}) {
+    PatternReader reader;
+    reader.jitter = true;
+    StreamOptions o;
+    o.io_threads = 3;
+    o.depth = 2;
+    o.slice_bytes = slice;
+    o.wanted = [&](std::size_t k, std::size_t b) { return s.wanted(k, b); };
+    const auto list = block_range(0, std::uint32_t(s.blocking.blocks.size()));
+    BlockStream stream(s.blocking, list, s.experts, reader, o);
+    double waited = 0;
+    std::uint64_t total = 0;
+    for (std::uint32_t b : list) {
+      const Block& blk = s.blocking.blocks[b];
+      const std::uint64_t elem = blk.byte_length / blk.elem_count;
+      std::uint64_t next_elem = 0;
+      for (bool last = false; !last;) {
+        auto slice_block = stream.next(waited);
+        ASSERT_NE(slice_block, nullptr);
+        const LoadedBlock& l = *slice_block;
+        ASSERT_EQ(l.block, b);
+        EXPECT_EQ(l.first_slice, next_elem == 0);
+        ASSERT_EQ(l.elem_offset, next_elem);
+        ASSERT_GT(l.elem_count, 0u);
+        EXPECT_LE(l.byte_length, std::max(slice, elem)) << "slice larger than asked";
+        EXPECT_EQ(l.byte_length, l.elem_count * elem);
+        EXPECT_EQ(l.byte_offset, l.elem_offset * elem);
+        ASSERT_EQ(l.base.size(), l.byte_length);
+        for (std::size_t i = 0; i < l.byte_length; ++i)
+          ASSERT_EQ(l.base[i],
+                    PatternReader::value(-1, blk.tensor, blk.byte_begin + l.byte_offset + i));
+        for (std::size_t k = 0; k < s.experts; ++k) {
+          if (!l.present[k]) continue;
+          ASSERT_EQ(l.experts[k][0],
+                    PatternReader::value(int(k), blk.tensor, blk.byte_begin + l.byte_offset));
+        }
+        next_elem += l.elem_count;
+        total += l.byte_length;
+        last = l.last_slice;
+        stream.recycle(std::move(slice_block));
+      }
+      EXPECT_EQ(next_elem, blk.elem_count);
+    }
+    EXPECT_EQ(stream.next(waited), nullptr);
+    EXPECT_EQ(stream.base_bytes(), total);
+  }
 }
 
 TEST(BlockStream, StoppingEarlyDoesNotHangAndReadsAtMostTheWindow) {

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "mergepipe/error.hpp"
+#include "mergepipe/hash.hpp"
 
 using namespace mergepipe;
 
@@ -280,4 +281,60 @@ TEST(Executor, BlocksInAnyOrderGiveTheSameBytes) {
   const auto stats = execute_blocks(job, shuffled, f.reader, reversed);
   EXPECT_EQ(reversed.out, in_order.out);
   EXPECT_EQ(stats.block_hashes.size(), shuffled.size());
+}
+
+TEST(Executor, SlicesOfAnySizeGiveTheSameBytes) {
+  Fixture f(7);
+  for (MergeMethod m : {MergeMethod::kLinear, MergeMethod::kTies, MergeMethod::kDareTies}) {
+    ExecutionJob job = f.job(m, 2, 2);
+    job.slice_bytes = 0;
+    const auto all = block_range(0, std::uint32_t(f.blocking.blocks.size()));
+    MemorySink whole = f.sink(job);
+    const auto ref = execute_blocks(job, all, f.reader, whole);
+    for (std::uint64_t slice : {2u, 6u, 100u, 4096u}) {
+      job.slice_bytes = slice;
+      MemorySink sliced = f.sink(job);
+      const auto got = execute_blocks(job, all, f.reader, sliced);
+      EXPECT_EQ(sliced.out, whole.out) << merge_method_name(m) << ", " << slice << "-byte slices";
+      EXPECT_EQ(got.block_hashes, ref.block_hashes);
+      EXPECT_EQ(got.expert_bytes, ref.expert_bytes);
+      EXPECT_EQ(got.base_bytes, ref.base_bytes);
+    }
+  }
+}
+
+TEST(Executor, ReadChecksSeeTheHashOfEachWholeBlock) {
+  Fixture f(8);
+  ExecutionJob job = f.job(MergeMethod::kLinear, 2, 2);
+  job.slice_bytes = 64;  // several slices per block: the hash must still cover the whole block
+  std::map<std::pair<int, std::uint32_t>, std::uint64_t> seen;
+  job.check_read.wanted = [](SourceId source, std::uint32_t) { return source.expert != 1; };
+  job.check_read.verify = [&](SourceId source, std::uint32_t block, std::uint64_t hash) {
+    seen[{source.expert, block}] = hash;
+  };
+  const auto all = block_range(0, std::uint32_t(f.blocking.blocks.size()));
+  MemorySink sink = f.sink(job);
+  execute_blocks(job, all, f.reader, sink);
+  std::size_t expected_checks = 0;
+  for (std::uint32_t b : all) {
+    const Block& blk = f.blocking.blocks[b];
+    for (int src = -1; src < int(f.experts); ++src) {
+      if (src == 1 || (src >= 0 && !f.admitted[src][b])) {
+        EXPECT_EQ(seen.count({src, b}), 0u);
+        continue;
+      }
+      ++expected_checks;
+      const auto& bytes = f.reader.data[src][blk.tensor];
+      EXPECT_EQ(seen.at({src, b}), hash64(bytes.data() + blk.byte_begin, blk.byte_length))
+          << "source " << src << " block " << b;
+    }
+  }
+  EXPECT_EQ(seen.size(), expected_checks);
+  // A verify that throws ends the run with its error.
+  job.check_read.verify = [](SourceId source, std::uint32_t block, std::uint64_t) {
+    if (source.expert == 2 && block == 3) throw InputError("block 3 of expert 2 changed");
+  };
+  for (auto& row : f.admitted) std::fill(row.begin(), row.end(), 1);
+  MemorySink sink2 = f.sink(job);
+  EXPECT_THROW(execute_blocks(job, all, f.reader, sink2), InputError);
 }

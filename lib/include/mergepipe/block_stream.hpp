@@ -2,9 +2,14 @@
 // Reads blocks ahead of the code that consumes them: for each block of an ordered list, the base
 // block and the wanted expert blocks, on several I/O threads so that several requests are in
 // flight at once (one request at a time leaves the device idle between requests, and a single
-// stream cannot fill a parallel file system or an NVMe queue). At most `depth` blocks wait ready
-// ahead of the consumer, so memory stays (depth + 1) × (experts + 1) × block size whatever the
-// model size. Blocks are handed out in list order.
+// stream cannot fill a parallel file system or an NVMe queue).
+//
+// A block may be handed out in slices of at most `slice_bytes` (the catalog's blocks are the
+// unit of planning, 4 MiB by default; K + 1 of them are far larger than the CPU caches, so the
+// bytes a read copies would be evicted before the merge reads them again; a slice of every
+// source fits). At most `depth` slices wait ready ahead of the consumer, so memory stays
+// (depth + 1) × (experts + 1) × slice size whatever the model size. Slices are handed out in
+// list order, each block's slices in element order.
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -68,9 +73,14 @@ class ByteBuffer {
   std::size_t size_ = 0, capacity_ = 0;
 };
 
-// Raw bytes of one block: the base and every wanted expert.
+// Raw bytes of one slice of a block: the base and every wanted expert.
 struct LoadedBlock {
   std::uint32_t block = 0;
+  std::uint64_t elem_offset = 0;  // first element of the slice, counted from the block's start
+  std::uint64_t elem_count = 0;
+  std::uint64_t byte_offset = 0;  // the same in bytes
+  std::uint64_t byte_length = 0;
+  bool first_slice = true, last_slice = true;
   ByteBuffer base;
   std::vector<ByteBuffer> experts;
   std::vector<char> present;  // per expert: read for this block
@@ -89,13 +99,11 @@ class BlockPool {
 };
 
 struct StreamOptions {
-  int io_threads = 4;  // concurrent read requests
-  int depth = 2;       // blocks read ahead of the consumer
+  int io_threads = 4;             // concurrent read requests
+  int depth = 2;                  // slices read ahead of the consumer
+  std::uint64_t slice_bytes = 0;  // 0: whole blocks
   // wanted(k, b): read expert k's block b. Must be pure (called from the I/O threads).
   std::function<bool(std::size_t, std::size_t)> wanted;
-  // Called on an I/O thread after each read, before the block is handed out; may throw (the
-  // consumer then gets the exception). Used to check reads against catalog hashes.
-  std::function<void(SourceId, std::uint32_t block, std::span<const std::byte>)> check;
   // Where the stream takes its buffers from and returns them to (null: its own).
   BlockPool* pool = nullptr;
 };
@@ -108,7 +116,7 @@ class BlockStream {
   BlockStream(const BlockStream&) = delete;
   BlockStream& operator=(const BlockStream&) = delete;
 
-  // The next block in list order, or nullptr after the last. Rethrows the first read error.
+  // The next slice in list order, or nullptr after the last. Rethrows the first read error.
   // `waited` grows by the time spent waiting for the block.
   std::unique_ptr<LoadedBlock> next(double& waited);
   // Gives a consumed block's buffers back for reuse.
@@ -127,13 +135,18 @@ class BlockStream {
     Inflight* owner;  // deque elements keep their address while others are pushed and popped
     int source;       // SourceId::expert
   };
+  struct Unit {  // one slice of one block
+    std::uint32_t block;
+    std::uint64_t elem_offset, elem_count, byte_offset, byte_length;
+    bool first, last;
+  };
   void io_loop();
   bool can_schedule() const;  // under mutex_
   void schedule_next();       // under mutex_
   void read_piece(const Piece& piece);
 
   const Blocking& blocking_;
-  const std::vector<std::uint32_t> blocks_;
+  std::vector<Unit> units_;
   const std::size_t experts_;
   BlockReader& reader_;
   const StreamOptions options_;
@@ -143,8 +156,8 @@ class BlockStream {
   std::vector<std::unique_ptr<LoadedBlock>> free_;
   std::deque<Inflight> inflight_;
   std::deque<Piece> pieces_;
-  std::size_t scheduled_ = 0;   // list entries scheduled so far
-  std::size_t handed_out_ = 0;  // list entries handed to the consumer so far
+  std::size_t scheduled_ = 0;   // units scheduled so far
+  std::size_t handed_out_ = 0;  // units handed to the consumer so far
   std::exception_ptr error_;
   bool stopping_ = false;
   std::uint64_t base_bytes_ = 0, expert_bytes_ = 0;

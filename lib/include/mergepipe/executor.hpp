@@ -50,12 +50,19 @@ struct ExecutionJob {
   std::size_t experts = 0;
   // admitted(k, b): read expert k's block b. Must be pure (called from several threads).
   std::function<bool(std::size_t, std::size_t)> admitted;
-  int threads = 1;               // compute threads
-  int io_threads = 4;            // concurrent reads
-  int prefetch_depth = 2;        // blocks read ahead
-  bool allow_nonfinite = false;  // otherwise a NaN/Inf in the output is an InputError
-  // Optional check of every read (StreamOptions::check), e.g. against catalog hashes.
-  std::function<void(SourceId, std::uint32_t block, std::span<const std::byte>)> check_read;
+  int threads = 1;                         // compute threads
+  int io_threads = 4;                      // concurrent reads
+  int prefetch_depth = 2;                  // slices read ahead
+  std::uint64_t slice_bytes = 512u << 10;  // reads and compute steps within a block (0: whole)
+  bool allow_nonfinite = false;            // otherwise a NaN/Inf in the output is an InputError
+  // Optional check of reads, e.g. against catalog hashes. Both are called on the executing thread.
+  struct ReadCheck {
+    // At a block's start: check this source's read of the block?
+    std::function<bool(SourceId, std::uint32_t block)> wanted;
+    // Once the block is read: `hash` is the XXH3-64 of all its bytes from `source`; may throw.
+    std::function<void(SourceId, std::uint32_t block, std::uint64_t hash)> verify;
+  };
+  ReadCheck check_read;
   BlockPool* pool = nullptr;  // block buffers to reuse across calls (optional)
 };
 

@@ -17,6 +17,23 @@ std::string hash128_hex(const void* data, std::size_t size);
 // 64-bit value as 16 lowercase hex digits.
 std::string hex64(std::uint64_t value);
 
+// Incremental 64-bit hasher: the same value as hash64 (seed 0) of the concatenated updates.
+class Hasher64 {
+ public:
+  Hasher64();
+  ~Hasher64();
+  Hasher64(Hasher64&& other) noexcept;
+  Hasher64& operator=(Hasher64&& other) noexcept;
+  Hasher64(const Hasher64&) = delete;
+  Hasher64& operator=(const Hasher64&) = delete;
+  void reset();
+  void update(const void* data, std::size_t size);
+  std::uint64_t digest() const;
+
+ private:
+  void* state_;  // XXH3_state_t*
+};
+
 // Incremental 128-bit hasher for long streams.
 class Hasher128 {
  public:
