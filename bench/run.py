@@ -40,6 +40,10 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+def tree_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
+
+
 class Bench:
     def __init__(self, args):
         self.a = args
@@ -50,6 +54,7 @@ class Bench:
                 sys.exit(f"run.py: {exe} missing: build first (scripts/build.sh release)")
         os.makedirs(args.dir, exist_ok=True)
         self.rows = []
+        self.catalogs = {}  # family name -> sizes and build time of its catalog
         self.csv_file = open(args.csv, "w", newline="")
         self.csv = csv.DictWriter(self.csv_file, FIELDS)
         self.csv.writeheader()
@@ -80,6 +85,11 @@ class Bench:
             meta = {"catalog_build_s": time.monotonic() - t0}
             with open(cat + ".bench.json", "w") as f:
                 json.dump(meta, f)
+        if name not in self.catalogs:
+            with open(cat + ".bench.json") as f:
+                build_s = json.load(f)["catalog_build_s"]
+            self.catalogs[name] = dict(experts=experts, family_bytes=tree_bytes(fam),
+                                       catalog_bytes=tree_bytes(cat), build_s=build_s)
         return fam, cat
 
     @staticmethod
@@ -300,6 +310,14 @@ class Bench:
                   f"{fmt(med(sel, 'peak_rss_bytes'), '.0f', 2**20)} | "
                   f"{fmt(None if plan is None else 100 * plan / wall, '.3f')} | "
                   f"{fmt(med(sel, 'deviation_rel_l2'), '.2e')} |")
+
+        if self.catalogs:
+            print("\n| family | K | family GB | catalog MB | catalog / family | catalog build s (2 ranks, cold) |")
+            print("|" + " --- |" * 6)
+            for name, c in self.catalogs.items():
+                print(f"| {name} | {c['experts']} | {c['family_bytes'] / 1e9:.2f} | "
+                      f"{c['catalog_bytes'] / 1e6:.2f} | {100 * c['catalog_bytes'] / c['family_bytes']:.3f}% | "
+                      f"{c['build_s']:.1f} |")
 
     def plots(self):
         if not shutil.which("gnuplot"):
