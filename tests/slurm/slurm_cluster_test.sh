@@ -155,6 +155,14 @@ until [[ "$(job_field JobState)" == PENDING ]]; do
   sleep 0.2
 done
 [[ ! -e big-slurm ]] || fail "a folder appeared at the target of the preempted merge"
+# Release it only once the node has finished killing the old run, and in a later second: slurmd
+# refuses a batch credential issued in the same second it revoked the job's old one ("Job
+# credential revoked"), the race Slurm's own ~2 minute requeue hold exists to avoid.
+until [[ "$(sinfo -h -o %T | sort -u)" == idle ]]; do
+  ((SECONDS < deadline)) || fail "the node did not become idle after the requeue ($(sinfo -h -o %T))"
+  sleep 0.2
+done
+sleep 2
 scontrol update jobid="$preempt_job" StartTime=now
 until [[ "$(job_field JobState)" =~ ^(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL)$ ]]; do
   ((SECONDS < deadline)) || fail "the requeued merge did not finish ($(job_field JobState))"
