@@ -100,16 +100,17 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
   stream_options.pool = job.pool;
   BlockStream stream(*job.blocking, blocks, job.experts, reader, std::move(stream_options));
 
-  std::size_t i = 0;  // index in `blocks` of the block being merged
-  std::uint64_t moved = 0;
+  std::size_t i = 0;        // index in `blocks` of the block being merged
+  std::uint64_t moved = 0;  // bytes the current block moved so far, over its slices
+  bool mid_block = false;   // some slices of blocks[i] are merged, others are still to come
   std::unique_ptr<LoadedBlock> loaded;
   for (;;) {
     if (loaded) stream.recycle(std::move(loaded));
     if (i == blocks.size()) break;
     const std::uint32_t b = blocks[i];
     const Block& blk = job.blocking->blocks[b];
-    const bool block_start = !stats.stopped && moved == 0;
-    if (block_start && observer && observer->stop_requested()) {
+    // A stop is honoured between blocks only: a block's output is written whole or not at all.
+    if (!mid_block && observer && observer->stop_requested()) {
       stats.stopped = true;
       break;
     }
@@ -182,7 +183,8 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
     moved += loaded->byte_length + slice_elems * out_size;
     for (std::size_t k = 0; k < job.experts; ++k)
       moved += loaded->present[k] ? loaded->byte_length : 0;
-    if (!loaded->last_slice) continue;
+    mid_block = !loaded->last_slice;
+    if (mid_block) continue;
 
     // The whole block is merged and read: check the reads, hash and hand over the output.
     for (std::size_t src = 0; src < checking.size(); ++src)

@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <cstdio>
+#include <new>
 
 namespace mergepipe {
 
@@ -24,44 +25,42 @@ std::string hash128_hex(const void* data, std::size_t size) {
   return hex128(XXH3_128bits(data, size));
 }
 
-Hasher64::Hasher64() : state_(XXH3_createState()) {
-  reset();
+namespace detail {
+void XxhStateFree::operator()(void* state) const {
+  XXH3_freeState(static_cast<XXH3_state_t*>(state));
 }
-Hasher64::~Hasher64() {
-  if (state_) XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+XxhState new_xxh_state() {
+  XxhState state(XXH3_createState());
+  if (!state) throw std::bad_alloc();
+  return state;
 }
-Hasher64::Hasher64(Hasher64&& other) noexcept : state_(other.state_) {
-  other.state_ = nullptr;
-}
-Hasher64& Hasher64::operator=(Hasher64&& other) noexcept {
-  if (this != &other) {
-    if (state_) XXH3_freeState(static_cast<XXH3_state_t*>(state_));
-    state_ = other.state_;
-    other.state_ = nullptr;
-  }
-  return *this;
-}
-void Hasher64::reset() {
-  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
-}
-void Hasher64::update(const void* data, std::size_t size) {
-  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, size);
-}
-std::uint64_t Hasher64::digest() const {
-  return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_));
+}  // namespace detail
+
+static XXH3_state_t* xxh(const detail::XxhState& state) {
+  return static_cast<XXH3_state_t*>(state.get());
 }
 
-Hasher128::Hasher128() : state_(XXH3_createState()) {
-  XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_));
+Hasher64::Hasher64() : state_(detail::new_xxh_state()) {
+  reset();
 }
-Hasher128::~Hasher128() {
-  XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+void Hasher64::reset() {
+  XXH3_64bits_reset(xxh(state_));
+}
+void Hasher64::update(const void* data, std::size_t size) {
+  XXH3_64bits_update(xxh(state_), data, size);
+}
+std::uint64_t Hasher64::digest() const {
+  return XXH3_64bits_digest(xxh(state_));
+}
+
+Hasher128::Hasher128() : state_(detail::new_xxh_state()) {
+  XXH3_128bits_reset(xxh(state_));
 }
 void Hasher128::update(const void* data, std::size_t size) {
-  XXH3_128bits_update(static_cast<XXH3_state_t*>(state_), data, size);
+  XXH3_128bits_update(xxh(state_), data, size);
 }
 std::string Hasher128::hex() const {
-  return hex128(XXH3_128bits_digest(static_cast<XXH3_state_t*>(state_)));
+  return hex128(XXH3_128bits_digest(xxh(state_)));
 }
 
 }  // namespace mergepipe

@@ -2,6 +2,7 @@
 // Content hashes (XXH3). Fast, stable across platforms and versions of the library.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -17,35 +18,36 @@ std::string hash128_hex(const void* data, std::size_t size);
 // 64-bit value as 16 lowercase hex digits.
 std::string hex64(std::uint64_t value);
 
+namespace detail {
+// Owns an XXH3_state_t, opaque to keep xxhash.h out of this header.
+struct XxhStateFree {
+  void operator()(void* state) const;
+};
+using XxhState = std::unique_ptr<void, XxhStateFree>;
+XxhState new_xxh_state();
+}  // namespace detail
+
 // Incremental 64-bit hasher: the same value as hash64 (seed 0) of the concatenated updates.
 class Hasher64 {
  public:
   Hasher64();
-  ~Hasher64();
-  Hasher64(Hasher64&& other) noexcept;
-  Hasher64& operator=(Hasher64&& other) noexcept;
-  Hasher64(const Hasher64&) = delete;
-  Hasher64& operator=(const Hasher64&) = delete;
   void reset();
   void update(const void* data, std::size_t size);
   std::uint64_t digest() const;
 
  private:
-  void* state_;  // XXH3_state_t*
+  detail::XxhState state_;
 };
 
 // Incremental 128-bit hasher for long streams.
 class Hasher128 {
  public:
   Hasher128();
-  ~Hasher128();
-  Hasher128(const Hasher128&) = delete;
-  Hasher128& operator=(const Hasher128&) = delete;
   void update(const void* data, std::size_t size);
   std::string hex() const;
 
  private:
-  void* state_;  // XXH3_state_t*, opaque to keep xxhash.h out of this header
+  detail::XxhState state_;
 };
 
 }  // namespace mergepipe
