@@ -9,9 +9,12 @@ rm -rf "$TEST_SCRATCH"
 mkdir -p "$TEST_SCRATCH"
 cd "$TEST_SCRATCH"
 # A passing test leaves no scratch behind (some hold GBs of synthetic weights); a failing one
-# keeps it for inspection. Tests with their own EXIT trap call remove_scratch_if_passed.
+# keeps it for inspection. Tests add their own clean-up with on_exit (a trap would replace this one).
+exit_hooks=()
+on_exit() { exit_hooks+=("$1"); }
 remove_scratch_if_passed() {
-  local rc=$?
+  local rc=$? hook
+  for hook in "${exit_hooks[@]}"; do eval "$hook" || true; done
   ((rc == 0)) && cd / && rm -rf "$TEST_SCRATCH"
   return "$rc"
 }

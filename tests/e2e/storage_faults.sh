@@ -18,7 +18,7 @@ run_np 2 merge c.yaml --catalog cat --out clean --quiet || fail "the clean merge
 mkdir -p small
 full_env=()
 if mount -t tmpfs -o size=128k mergepipe-test small 2>/dev/null; then
-  trap 'umount "$TEST_SCRATCH/small" 2>/dev/null || true' EXIT
+  on_exit 'umount "$TEST_SCRATCH/small"'
   echo "disk full: 128 KiB tmpfs"
 else
   full_env=(LD_PRELOAD="$FAULT_INJECT" MERGEPIPE_FAULT_ENOSPC_PATH="$TEST_SCRATCH/small/"
@@ -49,23 +49,33 @@ expect_no_catalog small/cat
 rm -f small/filler
 echo "ok: disk full"
 
-# --- Permissions, as user nobody (root reads everything). The family is copied where nobody can
-# traverse; `nobody` owns only the folder it may write to.
+# --- Permissions, as user nobody (root reads everything). The build tree may sit below a folder
+# nobody cannot enter (a checkout in a 0700 temp folder), so nobody works in a world-traversable
+# temp folder with its own copy of the binary; `perm` here links to it for the checks run as root.
+# `nobody` owns only the folder it may write to.
 if setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
-  as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups env HOME="$TEST_SCRATCH/home" "$@"; }
-  mkdir -p perm/out home && cp -r fam perm/fam && chmod -R a+rX perm
-  chown 65534:65534 perm/out home
+  perm_root="$(mktemp -d)"
+  chmod 755 "$perm_root"
+  on_exit 'rm -rf "$perm_root"'
+  cp "$MERGEPIPE" "$perm_root/mergepipe"
+  as_nobody() {
+    (cd "$perm_root" && setpriv --reuid=65534 --regid=65534 --clear-groups \
+      env HOME="$perm_root/home" "$@")
+  }
+  mkdir -p "$perm_root/perm/out" "$perm_root/home" && ln -s "$perm_root/perm" perm
+  cp -r fam perm/fam && chmod -R a+rX "$perm_root"
+  chown 65534:65534 perm/out "$perm_root/home"
   (cd perm && write_config c.yaml linear fam 2)
   chmod a+r perm/c.yaml
   locked=perm/fam/expert01/model-00003-of-00004.safetensors
   chmod 000 "$locked"
   expect_exit 4 "perm/fam/expert01/model-00003-of-00004\.safetensors: cannot open: Permission denied" \
-    as_nobody "$MPIEXEC" -np 2 --oversubscribe "$MERGEPIPE" catalog --base perm/fam/base \
+    as_nobody "$MPIEXEC" -np 2 --oversubscribe "$perm_root/mergepipe" catalog --base perm/fam/base \
     --experts perm/fam/expert00 perm/fam/expert01 --out perm/out/cat
   expect_one_error
   expect_no_catalog perm/out/cat
   expect_exit 4 "perm/fam/expert01/model-00003-of-00004\.safetensors: cannot open: Permission denied" \
-    as_nobody "$MPIEXEC" -np 2 --oversubscribe "$MERGEPIPE" merge perm/c.yaml --full-read \
+    as_nobody "$MPIEXEC" -np 2 --oversubscribe "$perm_root/mergepipe" merge perm/c.yaml --full-read \
     --out perm/out/merged
   expect_one_error
   expect_no_output perm/out/merged
@@ -73,15 +83,15 @@ if setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
   # An unreadable config, and an output folder nobody may write to.
   chmod 000 perm/c.yaml
   expect_exit 4 "perm/c\.yaml: cannot open: Permission denied" \
-    as_nobody "$MERGEPIPE" merge perm/c.yaml --full-read --out perm/out/merged
+    as_nobody "$perm_root/mergepipe" merge perm/c.yaml --full-read --out perm/out/merged
   expect_one_error
   chmod 644 perm/c.yaml
   expect_exit 4 "perm/\.merged\.mergepipe-staging: cannot create staging folder: Permission denied" \
-    as_nobody "$MPIEXEC" -np 2 --oversubscribe "$MERGEPIPE" merge perm/c.yaml --full-read \
+    as_nobody "$MPIEXEC" -np 2 --oversubscribe "$perm_root/mergepipe" merge perm/c.yaml --full-read \
     --out perm/merged
   expect_one_error
   expect_no_output perm/merged
-  as_nobody "$MPIEXEC" -np 2 --oversubscribe "$MERGEPIPE" merge perm/c.yaml --full-read \
+  as_nobody "$MPIEXEC" -np 2 --oversubscribe "$perm_root/mergepipe" merge perm/c.yaml --full-read \
     --out perm/out/merged --quiet || fail "nobody cannot merge readable files"
   echo "ok: permissions"
 else
