@@ -143,7 +143,10 @@ class Bench:
 
     def merge(self, fam, cat, cfg, out, budget=None, ranks=2, threads=0, extra=()):
         shutil.rmtree(out, ignore_errors=True)
-        self.evict(fam, cat)
+        # Start from a quiet device: earlier outputs and probes flushed, nothing cached.
+        os.sync()
+        self.evict(fam, cat, *(os.path.join(self.a.dir, d) for d in ("out", "out-full")))
+        time.sleep(1)
         cmd = ["mpirun", "-np", str(ranks), self.mp, "merge", cfg, "--out", out, "--quiet",
                "--threads", str(threads), *extra]
         cmd += ["--full-read"] if budget is None else ["--catalog", cat, "--budget", budget]
