@@ -7,7 +7,7 @@ bench/read_files with 4 threads; the faster one is the storage read bandwidth of
 a write+fsync of an output-sized file (the write bandwidth), because this machine's disk speed
 drifts: every ratio reported comes from measurements taken side by side.
 
-  bench/run.py --suite all                 # everything below (about an hour on 2 cores)
+  bench/run.py --suite all                 # everything below (35 min on 2 cores, 50 GB in --dir)
   bench/run.py --suite headline --reps 3   # K=20 TIES: full read vs 10% budget
   bench/run.py --quick                     # a small family, one repetition (a smoke run)
 
