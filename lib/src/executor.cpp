@@ -9,6 +9,7 @@
 #include "mergepipe/error.hpp"
 #include "mergepipe/hash.hpp"
 #include "mergepipe/worker_pool.hpp"
+#include "mergepipe/zero_delta.hpp"
 
 namespace mergepipe {
 
@@ -157,16 +158,21 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
       for (std::size_t c = static_cast<std::size_t>(worker); c < chunks; c += workers) {
         const std::size_t first = c * kChunkElems;
         const std::size_t n = std::min<std::size_t>(kChunkElems, slice_elems - first);
-        convert_to_f32(in_type, loaded->base.data() + first * in_size, s.base.data(), n);
+        const std::byte* base_bytes = loaded->base.data() + first * in_size;
+        convert_to_f32(in_type, base_bytes, s.base.data(), n);
+        ZeroDeltaCheck unchanged(base_bytes, n * in_size, s.base.data(), n);
         for (std::size_t k = 0; k < job.experts; ++k) {
-          if (!loaded->present[k]) {
+          const std::byte* expert_bytes =
+              loaded->present[k] ? loaded->experts[k].data() + first * in_size : nullptr;
+          // An expert that changes nothing here merges like an omitted one: every operator
+          // treats a +0 delta as an exact no-op (see operators.hpp).
+          if (!expert_bytes || unchanged(expert_bytes)) {
             s.pointers[k] = nullptr;
             continue;
           }
           float* d = s.deltas.data() + k * kChunkElems;
           // Δ = float(θ_k) − float(θ_0): the catalog's definition, so thresholds agree exactly.
-          convert_delta_to_f32(in_type, loaded->experts[k].data() + first * in_size, s.base.data(),
-                               d, n);
+          convert_delta_to_f32(in_type, expert_bytes, s.base.data(), d, n);
           s.pointers[k] = d;
         }
         merge_block(job.op, tctx, elem_begin + first, n, s.base.data(), s.pointers, s.out.data());

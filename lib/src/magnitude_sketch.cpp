@@ -19,15 +19,25 @@ float bucket_lower_edge(std::uint16_t bucket) {
   return f;
 }
 
+void MagnitudeSketch::make_dense() {
+  if (!dense_.empty()) return;
+  dense_.assign(kBuckets, 0);
+  for (std::size_t i = 0; i < keys_.size(); ++i) dense_[keys_[i]] += counts_[i];
+  keys_.clear();
+  counts_.clear();
+}
+
 void MagnitudeSketch::add(const float* values, std::size_t n) {
   if (n == 0) return;
-  if (dense_.empty()) {
-    dense_.assign(kBuckets, 0);
-    for (std::size_t i = 0; i < keys_.size(); ++i) dense_[keys_[i]] += counts_[i];
-    keys_.clear();
-    counts_.clear();
-  }
+  make_dense();
   for (std::size_t i = 0; i < n; ++i) ++dense_[magnitude_bucket(values[i])];
+  total_ += n;
+}
+
+void MagnitudeSketch::add_zeros(std::size_t n) {
+  if (n == 0) return;
+  make_dense();
+  dense_[magnitude_bucket(0.0f)] += n;
   total_ += n;
 }
 
@@ -55,12 +65,7 @@ void MagnitudeSketch::merge(const MagnitudeSketch& other) {
     total_ += other.total_;
     return;
   }
-  if (dense_.empty()) {
-    dense_.assign(kBuckets, 0);
-    for (std::size_t i = 0; i < keys_.size(); ++i) dense_[keys_[i]] += counts_[i];
-    keys_.clear();
-    counts_.clear();
-  }
+  make_dense();
   if (!other.dense_.empty()) {
     for (std::size_t b = 0; b < kBuckets; ++b) dense_[b] += other.dense_[b];
   } else {

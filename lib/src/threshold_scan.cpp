@@ -3,6 +3,7 @@
 #include "mergepipe/dtype.hpp"
 #include "mergepipe/magnitude_sketch.hpp"
 #include "mergepipe/worker_pool.hpp"
+#include "mergepipe/zero_delta.hpp"
 
 namespace mergepipe {
 
@@ -45,10 +46,16 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
       const auto w = static_cast<std::size_t>(worker);
       for (std::size_t first = 0; first < slice_elems; first += kChunkElems) {
         const std::size_t n = std::min<std::size_t>(kChunkElems, slice_elems - first);
-        convert_to_f32(dtype, loaded->base.data() + first * size, base[w].data(), n);
+        const std::byte* base_bytes = loaded->base.data() + first * size;
+        convert_to_f32(dtype, base_bytes, base[w].data(), n);
+        ZeroDeltaCheck unchanged(base_bytes, n * size, base[w].data(), n);
         for (std::size_t k = w; k < experts; k += static_cast<std::size_t>(pool.size())) {
-          convert_delta_to_f32(dtype, loaded->experts[k].data() + first * size, base[w].data(),
-                               delta[w].data(), n);
+          const std::byte* expert_bytes = loaded->experts[k].data() + first * size;
+          if (unchanged(expert_bytes)) {
+            sketches[k].add_zeros(n);
+            continue;
+          }
+          convert_delta_to_f32(dtype, expert_bytes, base[w].data(), delta[w].data(), n);
           sketches[k].add(delta[w].data(), n);
         }
       }

@@ -82,6 +82,12 @@ struct Fixture {
           for (auto& x : f) x += d(rng);
           base.resize(t.numel() * 2);
           convert_from_f32(DType::kBF16, f.data(), base.data(), f.size());
+          // Fine-tuned experts leave stretches bit-identical to the base: expert 1 most of
+          // tensor b (cut mid-block and mid-chunk), expert 2 all of the norm.
+          const std::size_t tensor = std::size_t(&t - tensors.data());
+          if (src == 1 && tensor == 1)
+            std::memcpy(base.data() + 2 * 700, b.data() + 2 * 700, 2 * 3900);
+          if (src == 2 && tensor == 2) base = b;
         }
         reader.data[src].push_back(std::move(base));
       }
@@ -122,6 +128,35 @@ struct Fixture {
   }
 };
 
+// Reference: per block, the operator applied to exactly the admitted deltas, each computed.
+void expect_direct_merge(const Fixture& f, const ExecutionJob& job, const MemorySink& sink,
+                         MergeMethod m) {
+  for (std::size_t b = 0; b < f.blocking.blocks.size(); ++b) {
+    const Block& blk = f.blocking.blocks[b];
+    const std::size_t n = blk.elem_count;
+    std::vector<float> base(n), out(n);
+    convert_to_f32(DType::kBF16, f.reader.data.at(-1)[blk.tensor].data() + blk.byte_begin,
+                   base.data(), n);
+    std::vector<std::vector<float>> deltas(f.experts, std::vector<float>(n));
+    std::vector<const float*> ptrs(f.experts, nullptr);
+    for (std::size_t k = 0; k < f.experts; ++k) {
+      if (!f.admitted[k][b]) continue;
+      convert_to_f32(DType::kBF16, f.reader.data.at(int(k))[blk.tensor].data() + blk.byte_begin,
+                     deltas[k].data(), n);
+      for (std::size_t i = 0; i < n; ++i) deltas[k][i] -= base[i];
+      ptrs[k] = deltas[k].data();
+    }
+    std::vector<float> thresholds(f.experts, 0.001f);
+    merge_block(job.op, TensorContext{job.name_keys[blk.tensor], thresholds}, blk.elem_begin, n,
+                base.data(), ptrs, out.data());
+    std::vector<std::byte> expect(n * dtype_size(job.out_dtypes[blk.tensor]));
+    convert_from_f32(job.out_dtypes[blk.tensor], out.data(), expect.data(), n);
+    const std::size_t offset = blk.elem_begin * dtype_size(job.out_dtypes[blk.tensor]);
+    ASSERT_EQ(0, std::memcmp(expect.data(), sink.out[blk.tensor].data() + offset, expect.size()))
+        << merge_method_name(m) << " block " << b;
+  }
+}
+
 }  // namespace
 
 TEST(Executor, MatchesDirectMergeOfWholeTensors) {
@@ -133,31 +168,7 @@ TEST(Executor, MatchesDirectMergeOfWholeTensors) {
     f.reader.reads = 0;
     const auto stats = execute_blocks(job, block_range(0, std::uint32_t(f.blocking.blocks.size())),
                                       f.reader, sink);
-    // Reference: per block, the operator applied to exactly the admitted deltas.
-    for (std::size_t b = 0; b < f.blocking.blocks.size(); ++b) {
-      const Block& blk = f.blocking.blocks[b];
-      const std::size_t n = blk.elem_count;
-      std::vector<float> base(n), out(n);
-      convert_to_f32(DType::kBF16, f.reader.data[-1][blk.tensor].data() + blk.byte_begin,
-                     base.data(), n);
-      std::vector<std::vector<float>> deltas(f.experts, std::vector<float>(n));
-      std::vector<const float*> ptrs(f.experts, nullptr);
-      for (std::size_t k = 0; k < f.experts; ++k) {
-        if (!f.admitted[k][b]) continue;
-        convert_to_f32(DType::kBF16, f.reader.data[int(k)][blk.tensor].data() + blk.byte_begin,
-                       deltas[k].data(), n);
-        for (std::size_t i = 0; i < n; ++i) deltas[k][i] -= base[i];
-        ptrs[k] = deltas[k].data();
-      }
-      std::vector<float> thresholds(f.experts, 0.001f);
-      merge_block(job.op, TensorContext{job.name_keys[blk.tensor], thresholds}, blk.elem_begin, n,
-                  base.data(), ptrs, out.data());
-      std::vector<std::byte> expect(n * dtype_size(job.out_dtypes[blk.tensor]));
-      convert_from_f32(job.out_dtypes[blk.tensor], out.data(), expect.data(), n);
-      const std::size_t offset = blk.elem_begin * dtype_size(job.out_dtypes[blk.tensor]);
-      ASSERT_EQ(0, std::memcmp(expect.data(), sink.out[blk.tensor].data() + offset, expect.size()))
-          << merge_method_name(m) << " block " << b;
-    }
+    expect_direct_merge(f, job, sink, m);
     std::uint64_t admitted_bytes = 0, base_bytes = 0;
     for (std::size_t b = 0; b < f.blocking.blocks.size(); ++b) {
       base_bytes += f.blocking.blocks[b].byte_length;
@@ -221,6 +232,27 @@ TEST(Executor, NonFiniteOutputIsRefusedUnlessAllowed) {
   const auto stats =
       execute_blocks(job, block_range(0, std::uint32_t(f.blocking.blocks.size())), f.reader, sink2);
   EXPECT_EQ(stats.nonfinite, 1u);
+}
+
+TEST(Executor, UnchangedBytesOverANonFiniteBaseStillMergeTheirNaNDelta) {
+  // Every expert leaves tensor b bit-identical to the base, whose element 1000 is +Inf: there
+  // Δ = Inf − Inf = NaN for all of them, so the merge is NaN, not the base's +Inf a skipped
+  // "unchanged" expert would leave.
+  Fixture f(5);
+  const std::uint16_t inf = 0x7f80;
+  std::memcpy(f.reader.data[-1][1].data() + 2000, &inf, 2);
+  for (int k = 0; k < int(f.experts); ++k) f.reader.data[k][1] = f.reader.data[-1][1];
+  for (auto& row : f.admitted) std::fill(row.begin(), row.end(), 1);
+  ExecutionJob job = f.job(MergeMethod::kTaskArithmetic, 2, 2);
+  job.allow_nonfinite = true;
+  MemorySink sink = f.sink(job);
+  const auto stats =
+      execute_blocks(job, block_range(0, std::uint32_t(f.blocking.blocks.size())), f.reader, sink);
+  EXPECT_EQ(stats.nonfinite, 1u);
+  float merged;
+  std::memcpy(&merged, sink.out[1].data() + 4 * 1000, 4);  // tensor b is written as fp32
+  EXPECT_TRUE(std::isnan(merged));
+  expect_direct_merge(f, job, sink, MergeMethod::kTaskArithmetic);
 }
 
 TEST(Executor, CombineBlockHashesDependsOnOrderAndContent) {

@@ -61,6 +61,25 @@ TEST(MagnitudeSketch, SparseDenseAndMergedFormsAgree) {
   EXPECT_EQ(pa.total(), a.size() + b.size());
 }
 
+TEST(MagnitudeSketch, AddZerosCountsLikeAddingZeros) {
+  const auto v = deltas(5000, 4);
+  const std::vector<float> zeros(3000, 0.0f);
+  MagnitudeSketch added, counted;
+  added.add(v.data(), v.size());
+  added.add(zeros.data(), zeros.size());
+  counted.add(v.data(), v.size());
+  counted.add_zeros(zeros.size());
+  EXPECT_EQ(counted, added);
+  EXPECT_EQ(counted.total(), 8000u);
+  // 3000 + 715 of the 8000 are 0: keeping 60% (4800 > 4285 non-zero) reaches the zeros.
+  EXPECT_EQ(counted.threshold(0.6), 0.0f);
+  EXPECT_GT(counted.threshold(0.5), 0.0f);
+  MagnitudeSketch only_zeros;
+  only_zeros.add_zeros(10);
+  EXPECT_EQ(only_zeros.keys(), std::vector<std::uint16_t>{0});
+  EXPECT_EQ(only_zeros.counts(), std::vector<std::uint64_t>{10});
+}
+
 TEST(MagnitudeSketch, RejectsUnsortedSparseInput) {
   const std::vector<std::uint16_t> keys{5, 3};
   const std::vector<std::uint64_t> counts{1, 1};

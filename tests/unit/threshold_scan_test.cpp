@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -43,6 +44,18 @@ TEST(ThresholdScan, MatchesTheSketchOfEachWholeTensor) {
       mem.data[src].push_back(bytes);
     }
   }
+  // Experts leave stretches bit-identical to the base (their Δ is exactly 0 there): expert 0
+  // 70% of w, so its 50% threshold is 0; expert 1 half of v, including a base +Inf whose Δ is
+  // NaN, not 0.
+  auto copy_base = [&](int k, std::size_t t, std::size_t first, std::size_t count) {
+    const std::size_t size = dtype_size(tensors[t].dtype);
+    std::memcpy(mem.data[k][t].data() + first * size, mem.data[-1][t].data() + first * size,
+                count * size);
+  };
+  copy_base(0, 0, 500, 2150);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(mem.data[-1][2].data() + 4 * 3, &inf, 4);
+  copy_base(1, 2, 0, 500);
   // Reference: one sketch per (expert, tensor) over the whole tensor.
   std::vector<std::vector<float>> expect;
   for (std::size_t t = 0; t < tensors.size(); ++t) {
@@ -59,6 +72,7 @@ TEST(ThresholdScan, MatchesTheSketchOfEachWholeTensor) {
     }
     expect.push_back(row);
   }
+  ASSERT_EQ(expect[0][0], 0.0f);
   for (std::uint64_t block_bytes : {256u, 4096u, 1u << 20}) {
     for (int threads : {1, 2, 3}) {
       const Blocking blocking = make_blocking(tensors, block_bytes);

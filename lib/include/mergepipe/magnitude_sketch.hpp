@@ -25,6 +25,8 @@ class MagnitudeSketch {
   MagnitudeSketch() = default;
   // Adds n values (deltas). Switches to the dense form.
   void add(const float* values, std::size_t n);
+  // Adds n deltas that are exactly zero (what add() of n zeros does, without reading them).
+  void add_zeros(std::size_t n);
   void merge(const MagnitudeSketch& other);
   // Switches to the sparse form (after the last add) to release the dense counters.
   void compact();
@@ -45,6 +47,8 @@ class MagnitudeSketch {
   bool operator==(const MagnitudeSketch& other) const;
 
  private:
+  void make_dense();
+
   std::vector<std::uint64_t> dense_;  // 65536 buckets while adding, else empty
   std::vector<std::uint16_t> keys_;   // sparse form: ascending non-empty buckets
   std::vector<std::uint64_t> counts_;

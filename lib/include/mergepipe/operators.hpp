@@ -54,7 +54,9 @@ OperatorScalars operator_scalars(const OperatorConfig& cfg);
 // Merges n consecutive elements of one tensor starting at element index elem_begin.
 // base[i] = θ0 (fp32); deltas[k] = pointer to n fp32 deltas Δ_k = float(θ_k) - float(θ0), or
 // nullptr when the pair (k, block) is omitted by the access mask (Δ treated as 0, coefficients
-// unchanged: no renormalisation over what was read). out[i] = merged fp32 value; out may alias
+// unchanged: no renormalisation over what was read). A delta of n exact +0 values gives the same
+// bits as nullptr, which lets callers skip experts that leave a stretch unchanged (zero_delta.hpp).
+// out[i] = merged fp32 value; out may alias
 // base. Throws std::invalid_argument only on input a validated spec cannot produce: spans that
 // do not match the config, a NaN TIES threshold, normalize with Σw = 0 (linear, task_arithmetic,
 // dare_linear).
