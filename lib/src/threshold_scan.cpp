@@ -55,6 +55,10 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
             sketches[k].add_zeros(n);
             continue;
           }
+          if (dtype == DType::kBF16) {
+            sketches[k].add_bf16_deltas(expert_bytes, base[w].data(), n);
+            continue;
+          }
           convert_delta_to_f32(dtype, expert_bytes, base[w].data(), delta[w].data(), n);
           sketches[k].add(delta[w].data(), n);
         }

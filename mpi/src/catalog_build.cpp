@@ -322,6 +322,7 @@ class RangeWorker {
     }
     result.nonfinite[k] += tensor_nonfinite_[k];
     tensor_nonfinite_[k] = 0;
+    tensor_sketch_[k].compact();
     result.sketches[k].push_back({tensor, tensor_sketch_[k].keys(), tensor_sketch_[k].counts()});
     tensor_sketch_[k] = MagnitudeSketch();
   }

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
+#include "mergepipe/dtype.hpp"
 #include "mergepipe/error.hpp"
 
 using mergepipe::MagnitudeSketch;
@@ -78,6 +80,73 @@ TEST(MagnitudeSketch, AddZerosCountsLikeAddingZeros) {
   only_zeros.add_zeros(10);
   EXPECT_EQ(only_zeros.keys(), std::vector<std::uint16_t>{0});
   EXPECT_EQ(only_zeros.counts(), std::vector<std::uint64_t>{10});
+}
+
+TEST(MagnitudeSketch, Bf16DeltasCountLikeTheirConvertedValues) {
+  // Odd length (the lanes' tail), NaN/Inf/subnormal patterns among random ones.
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<unsigned> any(0, 0xffff);
+  const std::size_t n = 10001;
+  std::vector<std::byte> base_bf16(2 * n), expert_bf16(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t b = static_cast<std::uint16_t>(any(rng)),
+                  e = static_cast<std::uint16_t>(any(rng));
+    if (i % 5 == 0) e = b;   // unchanged entries
+    if (i == 7) b = 0x7f80;  // +Inf base
+    if (i == 8) e = 0xffc1;  // NaN expert
+    if (i == 9) e = 0x0001;  // subnormal
+    std::memcpy(base_bf16.data() + 2 * i, &b, 2);
+    std::memcpy(expert_bf16.data() + 2 * i, &e, 2);
+  }
+  std::vector<float> base(n), delta(n);
+  mergepipe::convert_to_f32(mergepipe::DType::kBF16, base_bf16.data(), base.data(), n);
+  mergepipe::convert_delta_to_f32(mergepipe::DType::kBF16, expert_bf16.data(), base.data(),
+                                  delta.data(), n);
+  MagnitudeSketch fused, plain;
+  fused.add_bf16_deltas(expert_bf16.data(), base.data(), n);
+  plain.add(delta.data(), n);
+  EXPECT_EQ(fused, plain);
+  EXPECT_EQ(fused.total(), n);
+}
+
+TEST(MagnitudeSketch, DenseAndSparsePartsAddUp) {
+  // A sketch holding both parts at once (zeros go to the sparse part, values to the dense one)
+  // and merges of every combination give what one add() of all the values gives.
+  const auto a = deltas(4000, 6), b = deltas(3001, 7);
+  std::vector<float> all(a);
+  all.insert(all.end(), b.begin(), b.end());
+  all.insert(all.end(), 500, 0.0f);
+  all.insert(all.end(), a.begin(), a.end());
+  MagnitudeSketch whole;
+  whole.add(all.data(), all.size());
+
+  MagnitudeSketch mixed;
+  mixed.add(a.data(), a.size());
+  mixed.add_zeros(200);
+  MagnitudeSketch other;
+  other.add(b.data(), b.size());
+  other.add_zeros(300);
+  mixed.merge(other);  // dense + dense, sparse + sparse
+  MagnitudeSketch stored;
+  stored.add(a.data(), a.size());
+  mixed.merge(MagnitudeSketch::from_sparse(stored.keys(), stored.counts()));
+  EXPECT_EQ(mixed, whole);
+  for (double d : {0.01, 0.3, 0.9}) {
+    EXPECT_EQ(mixed.threshold(d), whole.threshold(d)) << d;
+    EXPECT_EQ(mixed.kept_count(mixed.threshold(d)), whole.kept_count(whole.threshold(d))) << d;
+  }
+  mixed.compact();
+  EXPECT_EQ(mixed, whole);
+  EXPECT_EQ(mixed.keys(), whole.keys());
+  EXPECT_EQ(mixed.counts(), whole.counts());
+  // A sparse sketch merged into a dense one, and adds after a compact().
+  MagnitudeSketch later = MagnitudeSketch::from_sparse(whole.keys(), whole.counts());
+  later.add(b.data(), b.size());
+  MagnitudeSketch again = whole;
+  again.compact();
+  again.add(b.data(), b.size());
+  EXPECT_EQ(later, again);
+  EXPECT_EQ(later.total(), all.size() + b.size());
 }
 
 TEST(MagnitudeSketch, RejectsUnsortedSparseInput) {

@@ -2,6 +2,7 @@
 // Magnitude sketch of one (expert, tensor) delta: a sparse histogram of |Δ| over buckets of
 // relative width 2^-8 (a bucket = the fp32 exponent and the top 8 mantissa bits). It gives the
 // TIES/DARE top-k trimming threshold for any density, rounded toward keeping more (SPEC §3).
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -17,18 +18,21 @@ inline std::uint16_t magnitude_bucket(float x) {
 // Smallest |x| in a bucket (its lower edge), as a float.
 float bucket_lower_edge(std::uint16_t bucket);
 
-// Two representations with the same meaning: dense (65,536 counters, used while values are
-// added) and sparse (sorted non-empty buckets, what a loaded catalog holds: a few KiB instead of
-// 512 KiB per expert and tensor). Merging two sparse sketches stays sparse.
+// Two parts with one meaning, their sum: dense counters (used while values are added) and a
+// sparse list of non-empty buckets (what a loaded catalog holds: a few KiB instead of 512 KiB per
+// expert and tensor). compact() folds the dense part into the sparse one and frees it.
 class MagnitudeSketch {
  public:
   MagnitudeSketch() = default;
-  // Adds n values (deltas). Switches to the dense form.
+  // Adds n values (deltas).
   void add(const float* values, std::size_t n);
+  // Adds the n deltas float(expert[i]) − base[i] of bf16 expert values (the executor's Δ, bit
+  // for bit) without storing them.
+  void add_bf16_deltas(const std::byte* expert_bf16, const float* base, std::size_t n);
   // Adds n deltas that are exactly zero (what add() of n zeros does, without reading them).
   void add_zeros(std::size_t n);
   void merge(const MagnitudeSketch& other);
-  // Switches to the sparse form (after the last add) to release the dense counters.
+  // Folds the dense counters into the sparse form and releases them (after the last add).
   void compact();
 
   // Threshold t for density d: with k = floor(d·n), t is the lower edge of the bucket holding
@@ -47,10 +51,29 @@ class MagnitudeSketch {
   bool operator==(const MagnitudeSketch& other) const;
 
  private:
-  void make_dense();
+  // Counters of the dense part are 32-bit and come in two lanes per bucket (element i counts in
+  // lane i % 2, both in one cache line): half the cache footprint of 64-bit counters, and runs of
+  // equal keys (zero deltas) form two independent chains of increments, not one.
+  static constexpr std::size_t kLanes = 2;
+  // Values the dense part may take before its counters could overflow: then it is folded.
+  static constexpr std::uint64_t kDenseCapacity = 0xffffffffu;
 
-  std::vector<std::uint64_t> dense_;  // 65536 buckets while adding, else empty
-  std::vector<std::uint16_t> keys_;   // sparse form: ascending non-empty buckets
+  // Makes room for n more values in the dense part, allocating or folding it as needed.
+  std::uint32_t* dense_for(std::size_t n);
+  void fold_dense();
+  void dense_as_sparse(std::vector<std::uint16_t>& keys, std::vector<std::uint64_t>& counts) const;
+  static void merge_sorted(std::span<const std::uint16_t> a_keys,
+                           std::span<const std::uint64_t> a_counts,
+                           std::span<const std::uint16_t> b_keys,
+                           std::span<const std::uint64_t> b_counts,
+                           std::vector<std::uint16_t>& keys, std::vector<std::uint64_t>& counts);
+  void merge_sparse(std::span<const std::uint16_t> keys, std::span<const std::uint64_t> counts);
+  // The sum of both parts as a sparse list.
+  void combined(std::vector<std::uint16_t>& keys, std::vector<std::uint64_t>& counts) const;
+
+  std::vector<std::uint32_t> dense_;  // kLanes counters per bucket while adding, else empty
+  std::uint64_t dense_count_ = 0;     // values counted in dense_
+  std::vector<std::uint16_t> keys_;   // sparse part: ascending non-empty buckets
   std::vector<std::uint64_t> counts_;
   std::uint64_t total_ = 0;
 };
