@@ -249,6 +249,57 @@ void merge_sign_elected(const CallPlan& plan, float lambda, std::uint64_t elem_b
   }
 }
 
+// The merge loops compiled for the baseline ISA and for AVX2/AVX-512, picked at load time (as
+// the dtype kernels): each entry point inlines its whole loop nest, so every clone is vectorised
+// for its ISA. The results are bit-identical: element-wise operations in the same order, and
+// -ffp-contract=off keeps a*b+c from becoming an FMA.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define MERGEPIPE_OPERATOR_KERNEL \
+  __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"), flatten))
+#else
+#define MERGEPIPE_OPERATOR_KERNEL
+#endif
+
+MERGEPIPE_OPERATOR_KERNEL void additive_plain(const CallPlan& plan, float base_scale,
+                                              std::uint64_t elem_begin, std::size_t n,
+                                              const float* base,
+                                              std::span<const float* const> deltas, float* out) {
+  merge_additive<TermKind::kPlain>(plan, base_scale, elem_begin, n, base, deltas, out);
+}
+MERGEPIPE_OPERATOR_KERNEL void additive_dare(const CallPlan& plan, float base_scale,
+                                             std::uint64_t elem_begin, std::size_t n,
+                                             const float* base,
+                                             std::span<const float* const> deltas, float* out) {
+  merge_additive<TermKind::kDare>(plan, base_scale, elem_begin, n, base, deltas, out);
+}
+MERGEPIPE_OPERATOR_KERNEL void elected_trim(const CallPlan& plan, float lambda,
+                                            std::uint64_t elem_begin, std::size_t n,
+                                            const float* base, std::span<const float* const> deltas,
+                                            float* out) {
+  merge_sign_elected<TermKind::kTrim, false>(plan, lambda, elem_begin, n, base, deltas, out);
+}
+MERGEPIPE_OPERATOR_KERNEL void elected_trim_normalized(const CallPlan& plan, float lambda,
+                                                       std::uint64_t elem_begin, std::size_t n,
+                                                       const float* base,
+                                                       std::span<const float* const> deltas,
+                                                       float* out) {
+  merge_sign_elected<TermKind::kTrim, true>(plan, lambda, elem_begin, n, base, deltas, out);
+}
+MERGEPIPE_OPERATOR_KERNEL void elected_dare(const CallPlan& plan, float lambda,
+                                            std::uint64_t elem_begin, std::size_t n,
+                                            const float* base, std::span<const float* const> deltas,
+                                            float* out) {
+  merge_sign_elected<TermKind::kDare, false>(plan, lambda, elem_begin, n, base, deltas, out);
+}
+MERGEPIPE_OPERATOR_KERNEL void elected_dare_normalized(const CallPlan& plan, float lambda,
+                                                       std::uint64_t elem_begin, std::size_t n,
+                                                       const float* base,
+                                                       std::span<const float* const> deltas,
+                                                       float* out) {
+  merge_sign_elected<TermKind::kDare, true>(plan, lambda, elem_begin, n, base, deltas, out);
+}
+
 }  // namespace
 
 OperatorConfig OperatorConfig::from_spec(const MergeSpec& spec) {
@@ -339,22 +390,14 @@ void merge_block(const OperatorConfig& cfg, const TensorContext& tensor, std::ui
   }
   switch (plan.kind) {
     case TermKind::kPlain:
-      return merge_additive<TermKind::kPlain>(plan, sc.base_scale, elem_begin, n, base, deltas,
-                                              out);
+      return additive_plain(plan, sc.base_scale, elem_begin, n, base, deltas, out);
     case TermKind::kTrim:
-      return cfg.normalize ? merge_sign_elected<TermKind::kTrim, true>(plan, sc.lambda, elem_begin,
-                                                                       n, base, deltas, out)
-                           : merge_sign_elected<TermKind::kTrim, false>(plan, sc.lambda, elem_begin,
-                                                                        n, base, deltas, out);
+      return (cfg.normalize ? elected_trim_normalized : elected_trim)(plan, sc.lambda, elem_begin,
+                                                                      n, base, deltas, out);
     case TermKind::kDare:
-      if (!elect) {
-        return merge_additive<TermKind::kDare>(plan, sc.base_scale, elem_begin, n, base, deltas,
-                                               out);
-      }
-      return cfg.normalize ? merge_sign_elected<TermKind::kDare, true>(plan, sc.lambda, elem_begin,
-                                                                       n, base, deltas, out)
-                           : merge_sign_elected<TermKind::kDare, false>(plan, sc.lambda, elem_begin,
-                                                                        n, base, deltas, out);
+      if (!elect) return additive_dare(plan, sc.base_scale, elem_begin, n, base, deltas, out);
+      return (cfg.normalize ? elected_dare_normalized : elected_dare)(plan, sc.lambda, elem_begin,
+                                                                      n, base, deltas, out);
   }
 }
 
