@@ -70,9 +70,9 @@ void write_folder_metadata(const MergeTask& task, const std::string& dir) {
 void add_run_options(po::options_description& desc, PipelineOptions& options, RunOptionText& text) {
   desc.add_options()("threads", po::value(&options.threads)->default_value(0),
                      "compute threads per rank (0: the node's cores divided by its ranks)")(
-      "io-threads", po::value(&options.io_threads)->default_value(8), "concurrent reads per rank")(
-      "prefetch", po::value(&options.prefetch_depth)->default_value(6),
-      "slices read ahead per rank")(
+      "io-threads", po::value(&options.io_threads)->default_value(4), "concurrent reads per rank")(
+      "prefetch", po::value(&options.prefetch_depth)->default_value(2),
+      "blocks read ahead per rank")(
       "force", po::bool_switch(&options.force),
       "replace an existing output folder (the new one is complete before the old one goes)")(
       "allow-nonfinite", po::bool_switch(&options.allow_nonfinite),

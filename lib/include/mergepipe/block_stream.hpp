@@ -99,8 +99,8 @@ class BlockPool {
 };
 
 struct StreamOptions {
-  int io_threads = 8;             // concurrent read requests
-  int depth = 6;                  // slices read ahead of the consumer
+  int io_threads = 4;             // concurrent read requests
+  int depth = 2;                  // slices read ahead of the consumer
   std::uint64_t slice_bytes = 0;  // 0: whole blocks
   // wanted(k, b): read expert k's block b. Must be pure (called from the I/O threads).
   std::function<bool(std::size_t, std::size_t)> wanted;

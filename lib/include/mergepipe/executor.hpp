@@ -51,8 +51,8 @@ struct ExecutionJob {
   // admitted(k, b): read expert k's block b. Must be pure (called from several threads).
   std::function<bool(std::size_t, std::size_t)> admitted;
   int threads = 1;                         // compute threads
-  int io_threads = 8;                      // concurrent reads
-  int prefetch_depth = 6;                  // slices read ahead
+  int io_threads = 4;                      // concurrent reads
+  int prefetch_depth = 2;                  // slices read ahead
   std::uint64_t slice_bytes = 512u << 10;  // reads and compute steps within a block (0: whole)
   bool allow_nonfinite = false;            // otherwise a NaN/Inf in the output is an InputError
   // Optional check of reads, e.g. against catalog hashes. Both are called on the executing thread.

@@ -19,8 +19,8 @@ struct ThresholdScan {
   const std::vector<TensorInfo>* tensors = nullptr;
   std::vector<double> densities;  // per expert
   int threads = 1;                // compute threads
-  int io_threads = 8;
-  int prefetch_depth = 6;
+  int io_threads = 4;
+  int prefetch_depth = 2;
   std::uint64_t slice_bytes = 512u << 10;  // reads and compute steps within a block (0: whole)
   BlockPool* pool = nullptr;               // block buffers to reuse across scans (optional)
   // Called on the calling thread after each slice with the bytes it read.
