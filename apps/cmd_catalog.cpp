@@ -17,6 +17,7 @@
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/catalog_store.hpp"
 #include "mergepipe/mpi/catalog_build.hpp"
+#include "mergepipe/mpi/cpu_placement.hpp"
 #include "output_style.hpp"
 
 namespace mergepipe::app {
@@ -135,6 +136,10 @@ int cmd_catalog(CommandContext& ctx) {
   }
 
   const std::size_t added = build.expert_dirs.size();
+  const mpi::CpuPlacement placement = mpi::cpu_placement(ctx.comm);
+  if (build.threads == 0) build.threads = mpi::default_threads(placement);
+  if (ctx.comm.is_root() && !mpi::idle_cpu_advice(placement).empty())
+    print_warning(style, mpi::idle_cpu_advice(placement));
   const auto display = make_progress_display(style, ctx.comm.is_root());
   build.progress = display.get();
   Catalog cat = mpi::build_catalog(ctx.comm, build);

@@ -13,6 +13,7 @@
 #include "mergepipe/io/proc_io.hpp"
 #include "mergepipe/io/staging.hpp"
 #include "mergepipe/manifest.hpp"
+#include "mergepipe/mpi/cpu_placement.hpp"
 #include "mergepipe/plan.hpp"
 
 namespace mergepipe::app {
@@ -72,7 +73,9 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
                      "compute threads per rank (0: the node's cores divided by its ranks)")(
       "io-threads", po::value(&options.io_threads)->default_value(4), "concurrent reads per rank")(
       "prefetch", po::value(&options.prefetch_depth)->default_value(2),
-      "blocks read ahead per rank")(
+      "slices read ahead per rank")(
+      "read-size", po::value(&text.read_size)->default_value("512KiB"),
+      "largest single read: blocks are read and merged in slices of this size")(
       "force", po::bool_switch(&options.force),
       "replace an existing output folder (the new one is complete before the old one goes)")(
       "allow-nonfinite", po::bool_switch(&options.allow_nonfinite),
@@ -135,7 +138,10 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
   comm.broadcast(bytes, 0, "broadcast merge task");
   if (!comm.is_root()) task = deserialize_task(bytes);
   PipelineOutcome outcome;
-  outcome.threads = options.threads > 0 ? options.threads : comm.default_threads();
+  const mpi::CpuPlacement placement = mpi::cpu_placement(comm);
+  outcome.threads = options.threads > 0 ? options.threads : mpi::default_threads(placement);
+  if (comm.is_root() && !mpi::idle_cpu_advice(placement).empty())
+    print_warning(options.style, mpi::idle_cpu_advice(placement));
 
   // Stage, or pick up what a killed run of this same task left behind.
   std::unique_ptr<io::StagingFolder> staging;
@@ -209,6 +215,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
     record.extra = {{"io_threads", options.io_threads},
                     {"prefetch_depth", options.prefetch_depth},
                     {"read_bytes", options.read_bytes},
+                    {"cpus_per_rank", placement.rank_cpus},
                     {"verify_reads", options.verify_reads == mpi::VerifyReads::kAll   ? "all"
                                      : options.verify_reads == mpi::VerifyReads::kOff ? "off"
                                                                                       : "first"},
@@ -229,6 +236,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
         options.plan_seconds;
     record.timings = {{"plan", options.plan_seconds},
                       {"threshold_scan", outcome.run.scan_seconds},
+                      {"threshold_scan_read_wait", outcome.run.scan_read_wait_seconds},
                       {"merge", outcome.run.merge_seconds},
                       {"read_wait", outcome.run.read_wait_seconds},
                       {"compute", outcome.run.compute_seconds},

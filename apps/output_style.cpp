@@ -185,6 +185,16 @@ std::unique_ptr<ProgressListener> make_progress_display(const OutputStyle& style
   return std::make_unique<LogLines>(style.interval_seconds, false);
 }
 
+void print_warning(const OutputStyle& style, const std::string& message) {
+  if (style.quiet) return;
+  if (style.json) {
+    print_json_line({{"event", "warning"}, {"message", message}});
+    return;
+  }
+  std::fprintf(stderr, "mergepipe: warning: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
 void print_json_line(const nlohmann::ordered_json& event, bool to_stderr) {
   std::FILE* out = to_stderr ? stderr : stdout;
   // Invalid UTF-8 from hostile input (a tensor name) is replaced, never thrown.

@@ -41,6 +41,10 @@ bool wants_json_log(const std::vector<std::string>& args);
 // terminal, and plain lines otherwise.
 std::unique_ptr<ProgressListener> make_progress_display(const OutputStyle& style, bool root);
 
+// A warning from rank 0: a line on stderr, a {"event": "warning"} line with --log-format json,
+// nothing with --quiet.
+void print_warning(const OutputStyle& style, const std::string& message);
+
 // One JSON object per line, for --log-format json: events on stdout, errors on stderr.
 void print_json_line(const nlohmann::ordered_json& event, bool to_stderr = false);
 

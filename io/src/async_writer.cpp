@@ -6,13 +6,17 @@
 #include <cstring>
 
 #include "mergepipe/error.hpp"
+#include "mergepipe/thread_name.hpp"
 
 namespace mergepipe::io {
 
 AsyncFileWriter::AsyncFileWriter(const std::vector<std::string>& paths, std::size_t buffers)
     : free_(std::max<std::size_t>(1, buffers)) {
   for (const auto& p : paths) files_.emplace_back(p, File::Mode::kReadWrite);
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    name_this_thread("mp-write");
+    loop();
+  });
 }
 
 AsyncFileWriter::~AsyncFileWriter() {

@@ -3,10 +3,15 @@
 #include <fcntl.h>
 
 #include "mergepipe/error.hpp"
+#include "mergepipe/thread_name.hpp"
 
 namespace mergepipe::io {
 
-WritebackStarter::WritebackStarter() : thread_([this] { loop(); }) {}
+WritebackStarter::WritebackStarter()
+    : thread_([this] {
+        name_this_thread("mp-writeback");
+        loop();
+      }) {}
 
 WritebackStarter::~WritebackStarter() {
   {

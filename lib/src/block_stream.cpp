@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "mergepipe/thread_name.hpp"
+
 namespace mergepipe {
 
 BlockStream::BlockStream(const Blocking& blocking, std::vector<std::uint32_t> blocks,
@@ -24,7 +26,11 @@ BlockStream::BlockStream(const Blocking& blocking, std::vector<std::uint32_t> bl
   for (int i = 0; i < depth + 1; ++i)
     free_.push_back(options_.pool ? options_.pool->take() : std::make_unique<LoadedBlock>());
   const int threads = std::max(1, options_.io_threads);
-  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { io_loop(); });
+  for (int i = 0; i < threads; ++i)
+    threads_.emplace_back([this] {
+      name_this_thread("mp-read");
+      io_loop();
+    });
 }
 
 BlockStream::~BlockStream() {

@@ -30,13 +30,12 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
 
   ScanResult result;
   result.sketches.assign(scan.tensors->size(), std::vector<MagnitudeSketch>(experts));
-  double waited = 0;
   for (std::size_t i = 0; i < blocks.size();) {
     if (scan.stop_requested && scan.stop_requested()) {
       result.complete = false;
       break;
     }
-    auto loaded = stream.next(waited);
+    auto loaded = stream.next(result.read_wait_seconds);
     const Block& blk = blocking.blocks[loaded->block];
     const std::uint64_t slice_elems = loaded->elem_count;
     const DType dtype = (*scan.tensors)[blk.tensor].dtype;

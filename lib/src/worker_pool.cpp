@@ -2,10 +2,16 @@
 
 #include <algorithm>
 
+#include "mergepipe/thread_name.hpp"
+
 namespace mergepipe {
 
 WorkerPool::WorkerPool(int threads) : size_(std::max(1, threads)) {
-  for (int w = 1; w < size_; ++w) threads_.emplace_back([this, w] { loop(w); });
+  for (int w = 1; w < size_; ++w)
+    threads_.emplace_back([this, w] {
+      name_this_thread("mp-worker");
+      loop(w);
+    });
 }
 
 WorkerPool::~WorkerPool() {

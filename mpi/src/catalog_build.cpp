@@ -17,10 +17,12 @@
 #include "mergepipe/io/checkpoint_location.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hf_folder.hpp"
+#include "mergepipe/mpi/cpu_placement.hpp"
 #include "mergepipe/mpi/packing.hpp"
 #include "mergepipe/mpi/partition.hpp"
 #include "mergepipe/mpi/run_monitor.hpp"
 #include "mergepipe/structure_match.hpp"
+#include "mergepipe/thread_name.hpp"
 #include "mergepipe/worker_pool.hpp"
 
 namespace mergepipe::mpi {
@@ -225,6 +227,7 @@ class RangeWorker {
     const std::size_t per_piece = experts + 1;
     const std::size_t tasks = pieces.size() * per_piece;
     const auto read_task = [&](std::size_t i) {
+      name_this_thread("mp-read");
       const Piece& p = pieces[i / per_piece];
       const std::size_t s = i % per_piece;
       (s == 0 ? base : sources[s - 1]).read(p, buffers[i % 2].data());
@@ -392,7 +395,7 @@ Catalog build_catalog(const Comm& comm, const CatalogBuildOptions& options) {
   for (const Block& b : cat.blocking.blocks) costs.push_back(b.byte_length);
   const BlockRange mine =
       partition_by_cost(costs, comm.size())[static_cast<std::size_t>(comm.rank())];
-  const int threads = options.threads > 0 ? options.threads : comm.default_threads();
+  const int threads = options.threads > 0 ? options.threads : default_threads(cpu_placement(comm));
 
   std::uint64_t total = 0;
   for (const Block& b : cat.blocking.blocks)

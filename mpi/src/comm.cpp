@@ -87,11 +87,6 @@ int Comm::ranks_on_node() const {
   return local_ranks;
 }
 
-int Comm::default_threads() const {
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::max(1, static_cast<int>(cores) / std::max(1, ranks_on_node()));
-}
-
 void Comm::barrier(const char* hint) const {
   MPI_Request request = MPI_REQUEST_NULL;
   check_mpi(MPI_Ibarrier(comm_, &request), "barrier", hint);

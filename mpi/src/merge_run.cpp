@@ -25,6 +25,7 @@
 #include "mergepipe/mpi/packing.hpp"
 #include "mergepipe/mpi/partition.hpp"
 #include "mergepipe/mpi/run_monitor.hpp"
+#include "mergepipe/thread_name.hpp"
 #include "mergepipe/threshold_scan.hpp"
 
 namespace mergepipe::mpi {
@@ -333,7 +334,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   BlockHashes mine;
   Thresholds scanned;
   ExecutionStats stats;
-  double scan_seconds = 0;
+  double scan_seconds = 0, scan_read_wait = 0;
   auto failure = capture_failure([&] {
     io::JournalWriter journal(options.output_dir, comm.rank());
     io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(),
@@ -413,6 +414,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     // and a full-read TIES took ~1.5x its I/O time).
     std::future<void> next_window;
     auto read_ahead = [&](std::vector<std::uint32_t> share) {
+      name_this_thread("mp-fetch");
       for (std::uint32_t b : share) {
         const Block& blk = blocking.blocks[b];
         if (!thresholds.count(blk.tensor))
@@ -434,6 +436,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       ScanResult part;
       comm.check(capture_failure([&] { part = scan_sketches(scan, to_scan, reader); }),
                  "scan thresholds");
+      scan_read_wait += part.read_wait_seconds;
       // Combine every rank's part of each tensor's sketches: integer counts, so the result does
       // not depend on how the tensor was split.
       Packer mine_packed;
@@ -520,6 +523,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.compute_seconds = comm.allreduce_max(stats.compute_seconds, "reduce timings");
   result.write_seconds = comm.allreduce_max(stats.write_seconds, "reduce timings");
   result.scan_seconds = comm.allreduce_max(scan_seconds, "reduce timings");
+  result.scan_read_wait_seconds = comm.allreduce_max(scan_read_wait, "reduce timings");
   result.finish_seconds = comm.allreduce_max(finish_seconds, "reduce timings");
   result.merge_seconds = comm.allreduce_max(seconds_since(t0), "reduce timings");
   result.max_rss_bytes = comm.allreduce_max(peak_rss_bytes(), "reduce rss");

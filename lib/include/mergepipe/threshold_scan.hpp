@@ -35,6 +35,7 @@ struct ThresholdScan {
 struct ScanResult {
   std::vector<std::vector<MagnitudeSketch>> sketches;  // [tensor][expert], sparse form
   bool complete = true;
+  double read_wait_seconds = 0;  // time the scan waited for its reads
 };
 ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint32_t>& blocks,
                          BlockReader& reader);

@@ -46,10 +46,8 @@ class Comm {
   int size() const noexcept { return size_; }
   bool is_root() const noexcept { return rank_ == 0; }
   MPI_Comm handle() const noexcept { return comm_; }
-  // Ranks of this communicator on this node (shared memory), and the compute threads each of
-  // them gets by default: the node's cores shared evenly (at least one). Both collective.
+  // Ranks of this communicator on this node (shared memory). Collective.
   int ranks_on_node() const;
-  int default_threads() const;
 
   void barrier(const char* hint) const;
   // Broadcast a byte string from root (sizes above 1 GiB are sent in pieces).

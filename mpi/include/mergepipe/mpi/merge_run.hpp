@@ -48,9 +48,10 @@ struct MergeRunResult {
   std::vector<float> thresholds;           // rank 0, full-read TIES: [expert][tensor] from data
   double merge_seconds = 0;                // slowest rank
   double read_wait_seconds = 0, compute_seconds = 0, write_seconds = 0;  // slowest rank
-  double scan_seconds = 0;          // slowest rank: full-read TIES threshold scans
-  double finish_seconds = 0;        // slowest rank: flushing and closing the output files
-  std::uint64_t max_rss_bytes = 0;  // largest peak RSS over ranks
+  double scan_seconds = 0;            // slowest rank: full-read TIES threshold scans
+  double scan_read_wait_seconds = 0;  // slowest rank: of which waiting for the scans' reads
+  double finish_seconds = 0;          // slowest rank: flushing and closing the output files
+  std::uint64_t max_rss_bytes = 0;    // largest peak RSS over ranks
   std::uint64_t blocks_total = 0;
   std::uint64_t blocks_resumed = 0;      // kept from an interrupted run after checking their bytes
   std::uint64_t blocks_rejected = 0;     // claimed by a journal but their bytes did not match

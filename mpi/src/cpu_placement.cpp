@@ -1,0 +1,66 @@
+#include "mergepipe/mpi/cpu_placement.hpp"
+
+#include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace mergepipe::mpi {
+
+namespace {
+
+// The CPUs `pid` may run on (0: this process); all online CPUs if the mask cannot be read.
+cpu_set_t affinity_of(pid_t pid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(pid, sizeof(set), &set) != 0) {
+    const long online = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+    for (long c = 0; c < online && c < CPU_SETSIZE; ++c) CPU_SET(static_cast<int>(c), &set);
+  }
+  return set;
+}
+
+}  // namespace
+
+CpuPlacement cpu_placement(const Comm& comm) {
+  CpuPlacement p;
+  const cpu_set_t mine = affinity_of(0);
+  p.rank_cpus = std::max(1, CPU_COUNT(&mine));
+  // The launcher (mpirun's daemon, slurmstepd, or the shell of a singleton run) holds the CPUs
+  // the job was given on this node.
+  const cpu_set_t launcher = affinity_of(::getppid());
+  p.ranks_on_node = comm.ranks_on_node();
+  cpu_set_t node;
+  std::memcpy(&node, &mine, sizeof(node));
+  MPI_Comm local = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(comm.handle(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL,
+                          &local) == MPI_SUCCESS) {
+    MPI_Allreduce(&mine, &node, static_cast<int>(sizeof(cpu_set_t)), MPI_UNSIGNED_CHAR, MPI_BOR,
+                  local);
+    MPI_Comm_free(&local);
+  }
+  p.node_cpus = std::max(1, CPU_COUNT(&node));
+  p.launcher_cpus = std::max(p.node_cpus, CPU_COUNT(&launcher));
+  return p;
+}
+
+int default_threads(const CpuPlacement& p) {
+  if (p.rank_cpus < p.launcher_cpus) return std::max(1, p.rank_cpus);  // bound: use what it got
+  return std::max(1, p.launcher_cpus / std::max(1, p.ranks_on_node));
+}
+
+std::string idle_cpu_advice(const CpuPlacement& p) {
+  if (p.node_cpus >= p.launcher_cpus) return {};
+  const int idle = p.launcher_cpus - p.node_cpus;
+  return "the " + std::to_string(p.ranks_on_node) + " rank" + (p.ranks_on_node == 1 ? "" : "s") +
+         " on this node may run on " + std::to_string(p.node_cpus) + " of its " +
+         std::to_string(p.launcher_cpus) + " CPUs (mpirun binds each rank to one core by " +
+         "default), so " + std::to_string(idle) + (idle == 1 ? " CPU stays" : " CPUs stay") +
+         " idle while reads and merging share the others; run more ranks, or give each "
+         "rank several CPUs: mpirun --bind-to none, mpirun --map-by slot:PE=N, or srun "
+         "--cpus-per-task=N";
+}
+
+}  // namespace mergepipe::mpi
