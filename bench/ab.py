@@ -5,6 +5,8 @@ alternately so the machine's drift hits both alike. Standard library only.
   bench/ab.py --family FAM --experts 20 --method ties --budget 10% \\
       --a /tmp/old/bin/mergepipe --b build/bin/mergepipe --reps 3
   bench/ab.py ... --a build/bin/mergepipe --a-args "--io-threads 1" --b-args "--io-threads 4"
+  bench/ab.py ... --ranks 1 --a build/bin/mergepipe --b build/bin/mergepipe \
+      --b-mpirun-args "--bind-to none"
 
 Needs the family's catalog at FAM.catalog (bench/run.py makes both). Prints one line per run and
 the medians; --budget full runs --full-read.
@@ -34,6 +36,8 @@ def main():
     p.add_argument("--a-args", default="")
     p.add_argument("--b-args", default="")
     p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--a-mpirun-args", default="", help="mpirun options of A, e.g. '--bind-to none'")
+    p.add_argument("--b-mpirun-args", default="", help="mpirun options of B")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--reader", default=os.path.join(ROOT, "build", "bin", "read_files"))
     a = p.parse_args()
@@ -46,11 +50,12 @@ def main():
     out = os.path.join(os.path.dirname(fam), "ab-out")
     walls = {"A": [], "B": []}
     for rep in range(a.reps):
-        for name, exe, extra in (("A", a.a, a.a_args), ("B", a.b, a.b_args)) if rep % 2 == 0 else \
-                (("B", a.b, a.b_args), ("A", a.a, a.a_args)):
+        runs = (("A", a.a, a.a_args, a.a_mpirun_args), ("B", a.b, a.b_args, a.b_mpirun_args))
+        for name, exe, extra, launch in runs if rep % 2 == 0 else runs[::-1]:
             shutil.rmtree(out, ignore_errors=True)
             subprocess.run([a.reader, "--evict", fam, fam + ".catalog"], check=True)
-            cmd = ["mpirun", "-np", str(a.ranks), exe, "merge", cfg, "--out", out, "--quiet",
+            cmd = ["mpirun", "-np", str(a.ranks), *launch.split(), exe, "merge", cfg,
+                   "--out", out, "--quiet",
                    *extra.split()]
             cmd += ["--full-read"] if a.budget == "full" else ["--catalog", fam + ".catalog",
                                                                "--budget", a.budget]

@@ -18,6 +18,7 @@ Output: one CSV row per run (--csv), a summary printed as markdown, and PNG plot
 """
 import argparse
 import csv
+import glob
 import json
 import os
 import shutil
@@ -29,6 +30,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1")
+def binding(threads):
+    """mpirun options for a rank with `threads` compute threads: Open MPI binds each rank to one
+    core when it starts two or fewer, which would put a multi-threaded rank's threads on one core.
+    Single-threaded ranks keep that default binding (one core per rank)."""
+    return ["--bind-to", "none"] if threads > 1 else []
+
+
 FIELDS = ["suite", "preset", "experts", "method", "config", "budget", "ranks", "threads", "rep",
           "wall_s", "expert_bytes", "base_bytes", "output_bytes", "bytes_moved", "read_bw",
           "write_bw", "bound_s", "ratio", "speedup_vs_full", "full_wall_s", "read_once_s",
@@ -145,10 +153,10 @@ class Bench:
         shutil.rmtree(out, ignore_errors=True)
         # Start from a quiet device: earlier outputs and probes flushed, nothing cached.
         os.sync()
-        self.evict(fam, cat, *(os.path.join(self.a.dir, d) for d in ("out", "out-full")))
+        self.evict(fam, cat, *glob.glob(os.path.join(self.a.dir, "out*")))
         time.sleep(1)
-        cmd = ["mpirun", "-np", str(ranks), self.mp, "merge", cfg, "--out", out, "--quiet",
-               "--threads", str(threads), *extra]
+        cmd = ["mpirun", "-np", str(ranks), *binding(threads), self.mp, "merge", cfg, "--out",
+               out, "--quiet", "--threads", str(threads), *extra]
         cmd += ["--full-read"] if budget is None else ["--catalog", cat, "--budget", budget]
         t0 = time.monotonic()
         self.run(cmd)
@@ -198,7 +206,8 @@ class Bench:
         files = self.input_files(fam, k)
         read_bw, read_once = self.read_bandwidth(files)
         input_bytes = sum(os.path.getsize(f) for f in files)
-        out_dir = os.path.join(self.a.dir, "out")
+        # One output folder per run, all removed at the end of the group: deleting the previous
+        # run's 1.5 GB output right before a run made that run slower (ext4 freeing extents).
         full_out = os.path.join(self.a.dir, "out-full")
         log(f"== {suite}: {preset} K={k} {method} ranks={ranks} rep={rep}")
         wall_full, m_full = self.merge(fam, cat, cfg, full_out, None, ranks, threads)
@@ -209,7 +218,10 @@ class Bench:
                             deviation_rel_l2=0.0)
         self.record(**row)
         log(f"   full-read {wall_full:.2f} s ratio {row['ratio']:.2f}")
+        outs = [full_out]
         for budget in budgets:
+            out_dir = os.path.join(self.a.dir, "out-" + budget.rstrip("%"))
+            outs.append(out_dir)
             wall, m = self.merge(fam, cat, cfg, out_dir, budget, ranks, threads)
             dev = self.deviation(out_dir, full_out) if deviation else ""
             row = self.row_from(suite, preset, k, method, f"budget {budget}", budget, ranks, threads,
@@ -219,8 +231,8 @@ class Bench:
             self.record(**row)
             log(f"   budget {budget}: {wall:.2f} s ratio {row['ratio']:.2f} "
                 f"speedup {row['speedup_vs_full']:.2f}x")
-        shutil.rmtree(out_dir, ignore_errors=True)
-        shutil.rmtree(full_out, ignore_errors=True)
+        for out in outs:
+            shutil.rmtree(out, ignore_errors=True)
 
     # ---- suites ------------------------------------------------------------------------------
     def suite_headline(self):
@@ -256,7 +268,8 @@ class Bench:
                     with open(os.devnull, "wb") as null:
                         self.run(["cat", *self.input_files(fam, 8)], stdout=null)  # warm
                     shutil.rmtree(shm, ignore_errors=True)
-                    cmd = ["mpirun", "-np", str(ranks), self.mp, "merge", cfg, "--catalog", cat,
+                    cmd = ["mpirun", "-np", str(ranks), *binding(threads), self.mp, "merge", cfg,
+                           "--catalog", cat,
                            "--budget", "100%", "--out", shm, "--quiet", "--threads", str(threads)]
                     t0 = time.monotonic()
                     self.run(cmd)
