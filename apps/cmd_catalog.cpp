@@ -64,7 +64,8 @@ int cmd_catalog(CommandContext& ctx) {
       "allow-nonfinite", po::bool_switch(&allow_nonfinite),
       "catalog experts holding NaN/Inf values instead of refusing them")(
       "threads", po::value(&threads)->default_value(0),
-      "compute threads per rank (0: the node's cores divided by its ranks)")(
+      "compute threads per rank (0: the CPUs the rank is bound to, else the node's CPUs divided by "
+      "its ranks)")(
       "check", po::value(&check),
       "only check that the files CATALOG describes are unchanged (exit 0, or 3 when stale)");
   add_output_options(options, style_text);

@@ -70,7 +70,8 @@ void write_folder_metadata(const MergeTask& task, const std::string& dir) {
 
 void add_run_options(po::options_description& desc, PipelineOptions& options, RunOptionText& text) {
   desc.add_options()("threads", po::value(&options.threads)->default_value(0),
-                     "compute threads per rank (0: the node's cores divided by its ranks)")(
+                     "compute threads per rank (0: the CPUs the rank is bound to, else the node's "
+                     "CPUs divided by its ranks)")(
       "io-threads", po::value(&options.io_threads)->default_value(4), "concurrent reads per rank")(
       "prefetch", po::value(&options.prefetch_depth)->default_value(2),
       "slices read ahead per rank")(
