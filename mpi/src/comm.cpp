@@ -76,15 +76,15 @@ Comm::~Comm() {
   if (owned_ && comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
-int Comm::ranks_on_node() const {
+Comm Comm::split_node() const {
   MPI_Comm node = MPI_COMM_NULL;
-  int local_ranks = 1;
-  if (MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
-      MPI_SUCCESS) {
-    MPI_Comm_size(node, &local_ranks);
-    MPI_Comm_free(&node);
-  }
-  return local_ranks;
+  check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "split",
+            "ranks on this node");
+  return Comm(node, true);
+}
+
+int Comm::ranks_on_node() const {
+  return split_node().size();
 }
 
 void Comm::barrier(const char* hint) const {

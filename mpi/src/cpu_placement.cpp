@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 
 namespace mergepipe::mpi {
 
@@ -31,16 +30,12 @@ CpuPlacement cpu_placement(const Comm& comm) {
   // The launcher (mpirun's daemon, slurmstepd, or the shell of a singleton run) holds the CPUs
   // the job was given on this node.
   const cpu_set_t launcher = affinity_of(::getppid());
-  p.ranks_on_node = comm.ranks_on_node();
+  const Comm local = comm.split_node();
+  p.ranks_on_node = local.size();
   cpu_set_t node;
-  std::memcpy(&node, &mine, sizeof(node));
-  MPI_Comm local = MPI_COMM_NULL;
-  if (MPI_Comm_split_type(comm.handle(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL,
-                          &local) == MPI_SUCCESS) {
-    MPI_Allreduce(&mine, &node, static_cast<int>(sizeof(cpu_set_t)), MPI_UNSIGNED_CHAR, MPI_BOR,
-                  local);
-    MPI_Comm_free(&local);
-  }
+  if (MPI_Allreduce(&mine, &node, static_cast<int>(sizeof(cpu_set_t)), MPI_UNSIGNED_CHAR, MPI_BOR,
+                    local.handle()) != MPI_SUCCESS)
+    throw IoError("MPI: allreduce failed (ranks' CPU masks)");
   p.node_cpus = std::max(1, CPU_COUNT(&node));
   p.launcher_cpus = std::max(p.node_cpus, CPU_COUNT(&launcher));
   return p;

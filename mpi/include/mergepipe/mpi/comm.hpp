@@ -46,7 +46,9 @@ class Comm {
   int size() const noexcept { return size_; }
   bool is_root() const noexcept { return rank_ == 0; }
   MPI_Comm handle() const noexcept { return comm_; }
-  // Ranks of this communicator on this node (shared memory). Collective.
+  // The ranks of this communicator on this node (shared memory), as a communicator of its own
+  // (freed with it), and their number. Both collective.
+  Comm split_node() const;
   int ranks_on_node() const;
 
   void barrier(const char* hint) const;
