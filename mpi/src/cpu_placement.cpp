@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 namespace mergepipe::mpi {
 
@@ -19,6 +21,16 @@ cpu_set_t affinity_of(pid_t pid) {
     for (long c = 0; c < online && c < CPU_SETSIZE; ++c) CPU_SET(static_cast<int>(c), &set);
   }
   return set;
+}
+
+// CPUs Slurm allocated to this job on this node, or 0 outside Slurm. On a node shared with
+// other jobs the launcher may be allowed more CPUs than the job owns.
+int slurm_cpus_on_node() {
+  const char* text = std::getenv("SLURM_CPUS_ON_NODE");
+  if (!text || !*text) return 0;
+  char* end = nullptr;
+  const long cpus = std::strtol(text, &end, 10);
+  return *end == '\0' && cpus > 0 && cpus < (1L << 20) ? static_cast<int>(cpus) : 0;
 }
 
 }  // namespace
@@ -37,7 +49,10 @@ CpuPlacement cpu_placement(const Comm& comm) {
                     local.handle()) != MPI_SUCCESS)
     throw IoError("MPI: allreduce failed (ranks' CPU masks)");
   p.node_cpus = std::max(1, CPU_COUNT(&node));
-  p.launcher_cpus = std::max(p.node_cpus, CPU_COUNT(&launcher));
+  int launcher_cpus = CPU_COUNT(&launcher);
+  if (const int slurm = slurm_cpus_on_node(); slurm > 0)
+    launcher_cpus = std::min(launcher_cpus, slurm);
+  p.launcher_cpus = std::max(p.node_cpus, launcher_cpus);
   return p;
 }
 

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 using namespace mergepipe;
@@ -63,4 +65,25 @@ TEST(MPI, RanksPinnedToOneCpuGetAdviceWhenTheLauncherHasMore) {
   } else {
     GTEST_SKIP() << "the launcher itself may use only " << p.launcher_cpus << " CPU(s)";
   }
+}
+
+TEST(MPI, SlurmsCpuCountCapsTheLaunchersMask) {
+  mpi::Comm comm = mpi::Comm::world();
+  const cpu_set_t before = own_mask();
+  int first = 0;
+  while (!CPU_ISSET(first, &before)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  // A job that owns only the CPUs its ranks are bound to: the rest of the node is another job's.
+  const std::string owned = std::to_string(union_count(one));
+  ASSERT_EQ(setenv("SLURM_CPUS_ON_NODE", owned.c_str(), 1), 0);
+  const mpi::CpuPlacement p = mpi::cpu_placement(comm);
+  unsetenv("SLURM_CPUS_ON_NODE");
+  ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
+
+  EXPECT_EQ(p.launcher_cpus, p.node_cpus);
+  EXPECT_EQ(mpi::idle_cpu_advice(p), "");
+  EXPECT_EQ(mpi::default_threads(p), 1);
 }

@@ -12,8 +12,9 @@ namespace mergepipe::mpi {
 struct CpuPlacement {
   int rank_cpus = 1;  // CPUs this rank may run on (its affinity mask)
   int node_cpus = 1;  // CPUs this node's ranks may run on together (the union of their masks)
-  int launcher_cpus =
-      1;  // CPUs the job may use on this node (the launcher's mask, at least node_cpus)
+  // CPUs the job may use on this node: the launcher's mask, no more than SLURM_CPUS_ON_NODE
+  // under Slurm, at least node_cpus.
+  int launcher_cpus = 1;
   int ranks_on_node = 1;
 };
 
