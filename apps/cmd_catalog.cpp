@@ -139,8 +139,9 @@ int cmd_catalog(CommandContext& ctx) {
   const std::size_t added = build.expert_dirs.size();
   const mpi::CpuPlacement placement = mpi::cpu_placement(ctx.comm);
   if (build.threads == 0) build.threads = mpi::default_threads(placement);
-  if (ctx.comm.is_root() && !mpi::idle_cpu_advice(placement).empty())
-    print_warning(style, mpi::idle_cpu_advice(placement));
+  if (const std::string advice = mpi::idle_cpu_advice(placement);
+      ctx.comm.is_root() && !advice.empty())
+    print_warning(style, advice);
   const auto display = make_progress_display(style, ctx.comm.is_root());
   build.progress = display.get();
   Catalog cat = mpi::build_catalog(ctx.comm, build);

@@ -141,8 +141,8 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
   PipelineOutcome outcome;
   const mpi::CpuPlacement placement = mpi::cpu_placement(comm);
   outcome.threads = options.threads > 0 ? options.threads : mpi::default_threads(placement);
-  if (comm.is_root() && !mpi::idle_cpu_advice(placement).empty())
-    print_warning(options.style, mpi::idle_cpu_advice(placement));
+  if (const std::string advice = mpi::idle_cpu_advice(placement); comm.is_root() && !advice.empty())
+    print_warning(options.style, advice);
 
   // Stage, or pick up what a killed run of this same task left behind.
   std::unique_ptr<io::StagingFolder> staging;

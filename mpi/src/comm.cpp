@@ -83,10 +83,6 @@ Comm Comm::split_node() const {
   return Comm(node, true);
 }
 
-int Comm::ranks_on_node() const {
-  return split_node().size();
-}
-
 void Comm::barrier(const char* hint) const {
   MPI_Request request = MPI_REQUEST_NULL;
   check_mpi(MPI_Ibarrier(comm_, &request), "barrier", hint);

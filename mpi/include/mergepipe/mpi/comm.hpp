@@ -47,9 +47,8 @@ class Comm {
   bool is_root() const noexcept { return rank_ == 0; }
   MPI_Comm handle() const noexcept { return comm_; }
   // The ranks of this communicator on this node (shared memory), as a communicator of its own
-  // (freed with it), and their number. Both collective.
+  // (freed with it). Collective.
   Comm split_node() const;
-  int ranks_on_node() const;
 
   void barrier(const char* hint) const;
   // Broadcast a byte string from root (sizes above 1 GiB are sent in pieces).

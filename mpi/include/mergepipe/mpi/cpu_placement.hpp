@@ -2,7 +2,7 @@
 // Where the launcher let this node's ranks run. Open MPI binds each rank to one core when it
 // starts two or fewer (and Slurm to the CPUs of the task), so a rank may run on fewer CPUs than
 // the job has: its reads and its merge then share them while the others stay idle (measured:
-// one rank bound to one of two cores ran a K = 20 full-read TIES in 60 s, unbound in 35 s).
+// one rank bound to one of two cores ran a K = 20 full-read TIES in 64 s, unbound in 38 s).
 #include <string>
 
 #include "mergepipe/mpi/comm.hpp"
