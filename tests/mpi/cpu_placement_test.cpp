@@ -44,21 +44,34 @@ TEST(MPI, CpuPlacementCountsTheAffinityMasks) {
   EXPECT_GE(mpi::default_threads(p), 1);
 }
 
+// Narrows this rank to the lowest CPU it may use, as a launcher binding would, for the scope.
+class PinnedToLowestCpu {
+ public:
+  PinnedToLowestCpu() : before_(own_mask()) {
+    int first = 0;
+    while (!CPU_ISSET(first, &before_)) ++first;
+    CPU_ZERO(&one_);
+    CPU_SET(first, &one_);
+    EXPECT_EQ(sched_setaffinity(0, sizeof(one_), &one_), 0);
+  }
+  ~PinnedToLowestCpu() { EXPECT_EQ(sched_setaffinity(0, sizeof(before_), &before_), 0); }
+  const cpu_set_t& mask() const { return one_; }
+
+ private:
+  cpu_set_t before_, one_;
+};
+
 TEST(MPI, RanksPinnedToOneCpuGetAdviceWhenTheLauncherHasMore) {
   mpi::Comm comm = mpi::Comm::world();
-  const cpu_set_t before = own_mask();
-  int first = 0;
-  while (!CPU_ISSET(first, &before)) ++first;
-  // Every rank narrows itself to the lowest CPU it may use, as a launcher binding would.
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(first, &one);
-  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
-  const mpi::CpuPlacement p = mpi::cpu_placement(comm);
-  ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
-
+  mpi::CpuPlacement p;
+  int pinned_union = 0;
+  {
+    const PinnedToLowestCpu pinned;
+    p = mpi::cpu_placement(comm);
+    pinned_union = union_count(pinned.mask());
+  }
   EXPECT_EQ(p.rank_cpus, 1);
-  EXPECT_EQ(p.node_cpus, union_count(one));
+  EXPECT_EQ(p.node_cpus, pinned_union);
   if (p.launcher_cpus > p.node_cpus) {
     EXPECT_EQ(mpi::default_threads(p), 1);
     EXPECT_NE(mpi::idle_cpu_advice(p).find("--bind-to none"), std::string::npos);
@@ -69,20 +82,16 @@ TEST(MPI, RanksPinnedToOneCpuGetAdviceWhenTheLauncherHasMore) {
 
 TEST(MPI, SlurmsCpuCountCapsTheLaunchersMask) {
   mpi::Comm comm = mpi::Comm::world();
-  const cpu_set_t before = own_mask();
-  int first = 0;
-  while (!CPU_ISSET(first, &before)) ++first;
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(first, &one);
-  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
-  // A job that owns only the CPUs its ranks are bound to: the rest of the node is another job's.
-  const std::string owned = std::to_string(union_count(one));
-  ASSERT_EQ(setenv("SLURM_CPUS_ON_NODE", owned.c_str(), 1), 0);
-  const mpi::CpuPlacement p = mpi::cpu_placement(comm);
-  unsetenv("SLURM_CPUS_ON_NODE");
-  ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
-
+  mpi::CpuPlacement p;
+  {
+    const PinnedToLowestCpu pinned;
+    // A job that owns only the CPUs its ranks are bound to: the rest of the node is another
+    // job's.
+    const std::string owned = std::to_string(union_count(pinned.mask()));
+    ASSERT_EQ(setenv("SLURM_CPUS_ON_NODE", owned.c_str(), 1), 0);
+    p = mpi::cpu_placement(comm);
+    unsetenv("SLURM_CPUS_ON_NODE");
+  }
   EXPECT_EQ(p.launcher_cpus, p.node_cpus);
   EXPECT_EQ(mpi::idle_cpu_advice(p), "");
   EXPECT_EQ(mpi::default_threads(p), 1);
