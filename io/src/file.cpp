@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -70,7 +71,16 @@ File& File::operator=(File&& other) noexcept {
   return *this;
 }
 
-void File::read_at(std::uint64_t offset, std::span<std::byte> dst) const {
+File File::open_direct(const std::string& path) {
+  File file;
+  file.path_ = path;
+  file.fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  if (file.fd_ < 0 && errno != EINVAL) throw_open_error(path, errno);
+  return file;
+}
+
+std::size_t File::read_until_end(std::uint64_t offset, std::span<std::byte> dst,
+                                 bool einval_refused) const {
   std::size_t done = 0;
   int eio_retries = 0;
   while (done < dst.size()) {
@@ -83,16 +93,44 @@ void File::read_at(std::uint64_t offset, std::span<std::byte> dst) const {
         backoff(eio_retries);
         continue;
       }
+      if (err == EINVAL && einval_refused) return SIZE_MAX;
       throw IoError(path_ + ": read of " + std::to_string(want) + " bytes at offset " +
                     std::to_string(offset + done) + " failed: " + errno_text(err));
     }
-    if (got == 0) {
-      throw InputError(path_ + ": file ends at offset " + std::to_string(offset + done) + " but " +
-                       std::to_string(dst.size() - done) +
-                       " more bytes were expected (truncated?)");
-    }
+    if (got == 0) break;
     done += static_cast<std::size_t>(got);
   }
+  return done;
+}
+
+namespace {
+[[noreturn]] void throw_truncated(const std::string& path, std::uint64_t at,
+                                  std::uint64_t missing) {
+  throw InputError(path + ": file ends at offset " + std::to_string(at) + " but " +
+                   std::to_string(missing) + " more bytes were expected (truncated?)");
+}
+}  // namespace
+
+void File::read_at(std::uint64_t offset, std::span<std::byte> dst) const {
+  const std::size_t got = read_until_end(offset, dst, false);
+  if (got < dst.size()) throw_truncated(path_, offset + got, dst.size() - got);
+}
+
+bool File::read_at_direct(std::uint64_t offset, std::span<std::byte> dst,
+                          AlignedBuffer& scratch) const {
+  const std::uint64_t begin = offset / kDirectAlignment * kDirectAlignment;
+  const std::uint64_t end = offset + dst.size();
+  const std::uint64_t aligned_end =
+      (end + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+  const std::size_t length = static_cast<std::size_t>(aligned_end - begin);
+  scratch.reserve(length);
+  // A direct read past the end of the file returns the bytes up to it, so reading whole
+  // aligned pages is safe for the last tensor of a file.
+  const std::size_t got = read_until_end(begin, std::span(scratch.data(), length), true);
+  if (got == SIZE_MAX) return false;
+  if (begin + got < end) throw_truncated(path_, begin + got, end - (begin + got));
+  std::memcpy(dst.data(), scratch.data() + (offset - begin), dst.size());
+  return true;
 }
 
 void File::write_at(std::uint64_t offset, std::span<const std::byte> src) const {

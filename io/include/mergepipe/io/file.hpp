@@ -6,6 +6,7 @@
 #include <string>
 
 #include "mergepipe/checkpoint.hpp"
+#include "mergepipe/io/aligned_buffer.hpp"
 
 namespace mergepipe::io {
 
@@ -19,6 +20,10 @@ class File {
   };
   File() = default;
   File(const std::string& path, Mode mode);  // throws IoError (missing file, permissions, ...)
+  // Opens for reading with O_DIRECT: reads go from the device to our buffer, bypassing the page
+  // cache. Returns a closed File when the file system refuses O_DIRECT (EINVAL: tmpfs before
+  // Linux 6.6, some FUSE mounts); other failures throw IoError.
+  static File open_direct(const std::string& path);
   ~File();
   File(File&& other) noexcept;
   File& operator=(File&& other) noexcept;
@@ -29,6 +34,11 @@ class File {
   // bounded number of EIO). Throws IoError naming file and offset; InputError if the file ends
   // early.
   void read_at(std::uint64_t offset, std::span<std::byte> dst) const;
+  // The same on a File from open_direct, at any offset and length: reads the enclosing 4 KiB
+  // aligned range into `scratch` and copies `dst` out of it. Returns false, having read
+  // nothing, when the device refuses the aligned request (EINVAL: a logical block larger than
+  // 4 KiB); the caller then reads through the page cache.
+  bool read_at_direct(std::uint64_t offset, std::span<std::byte> dst, AlignedBuffer& scratch) const;
   void write_at(std::uint64_t offset, std::span<const std::byte> src) const;
   // kAppend files: one write(2) of all of `src` (short writes are an IoError, never retried in
   // pieces, so a record is either whole or torn at the very end of the file).
@@ -48,6 +58,11 @@ class File {
   bool is_open() const noexcept { return fd_ >= 0; }
 
  private:
+  // Reads into dst at offset until it is full or the file ends; returns the bytes read, or
+  // SIZE_MAX on EINVAL when `einval_refused` (O_DIRECT alignment). Retries as read_at says.
+  std::size_t read_until_end(std::uint64_t offset, std::span<std::byte> dst,
+                             bool einval_refused) const;
+
   int fd_ = -1;
   std::string path_;
 };
