@@ -86,7 +86,10 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
       "verify-reads", po::value(&text.verify_reads)->default_value("first"),
       "check expert reads against the catalog's block hashes: first (the first block read from "
       "each file), all, or off")("mpiio-hint", po::value(&text.hints)->composing(),
-                                 "MPI-IO hint key=value for the output files (repeatable)");
+                                 "MPI-IO hint key=value for the output files (repeatable)")(
+      "input-io", po::value(&text.input_io)->default_value("auto"),
+      "how inputs read once are read: direct (O_DIRECT, around the page cache), buffered, or "
+      "auto (direct for files not already cached)");
   add_output_options(desc, text.style);
 }
 
@@ -106,6 +109,15 @@ void finish_run_options(const RunOptionText& text, PipelineOptions& options,
     options.verify_reads = mpi::VerifyReads::kOff;
   } else {
     throw UsageError(command + ": --verify-reads must be first, all or off");
+  }
+  if (text.input_io == "auto") {
+    options.input_io = io::InputIo::kAuto;
+  } else if (text.input_io == "direct") {
+    options.input_io = io::InputIo::kDirect;
+  } else if (text.input_io == "buffered") {
+    options.input_io = io::InputIo::kBuffered;
+  } else {
+    throw UsageError(command + ": --input-io must be auto, direct or buffered");
   }
   options.style = parse_output_style(text.style, command);
 }
@@ -170,6 +182,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
   run_options.mpiio_hints = options.mpiio_hints;
   run_options.resume = resumed != 0;
   run_options.verify_reads = options.verify_reads;
+  run_options.input_io = options.input_io;
   run_options.progress = display.get();
   outcome.run = mpi::run_merge(comm, task, run_options);
 
@@ -217,6 +230,10 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
                     {"prefetch_depth", options.prefetch_depth},
                     {"read_bytes", options.read_bytes},
                     {"cpus_per_rank", placement.rank_cpus},
+                    {"input_io",
+                     {{"mode", std::string(io::input_io_name(options.input_io))},
+                      {"files", outcome.run.input_files},
+                      {"direct_files", outcome.run.input_files_direct}}},
                     {"verify_reads", options.verify_reads == mpi::VerifyReads::kAll   ? "all"
                                      : options.verify_reads == mpi::VerifyReads::kOff ? "off"
                                                                                       : "first"},

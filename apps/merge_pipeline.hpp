@@ -24,6 +24,7 @@ struct PipelineOptions {
   bool allow_nonfinite = false;
   bool resume = true;
   mpi::VerifyReads verify_reads = mpi::VerifyReads::kFirstPerFile;
+  io::InputIo input_io = io::InputIo::kAuto;
   OutputStyle style;
   std::vector<std::pair<std::string, std::string>> mpiio_hints;
   std::string catalog_path;
@@ -38,6 +39,7 @@ struct RunOptionText {
   std::vector<std::string> hints;
   std::string read_size = "512KiB";
   std::string verify_reads = "first";
+  std::string input_io = "auto";
   bool no_resume = false;
   OutputStyleText style;
 };

@@ -1,29 +1,55 @@
 #include "mergepipe/io/checkpoint_reader.hpp"
 
 #include "mergepipe/error.hpp"
+#include "mergepipe/io/page_residency.hpp"
 
 namespace mergepipe::io {
 
 CheckpointBlockReader::CheckpointBlockReader(const CheckpointLocation& base,
                                              const std::vector<CheckpointLocation>& experts,
-                                             ByteCounters& counters, ExpertAccess access)
-    : base_(open(base, true)), counters_(counters) {
+                                             ByteCounters& counters, ExpertAccess access,
+                                             InputIo input_io)
+    : base_(open(base, true, input_io)), counters_(counters) {
   experts_.reserve(experts.size());
-  for (const auto& e : experts) experts_.push_back(open(e, access == ExpertAccess::kWholeFiles));
+  for (const auto& e : experts)
+    experts_.push_back(open(e, access == ExpertAccess::kWholeFiles, input_io));
 }
 
 CheckpointBlockReader::Opened CheckpointBlockReader::open(const CheckpointLocation& location,
-                                                          bool sequential) {
-  Opened opened{&location, {}};
+                                                          bool sequential, InputIo input_io) {
+  Opened opened{&location, {}, {}};
   for (const auto& name : location.shard_names) {
-    opened.files.emplace_back(location.dir + "/" + name, File::Mode::kRead);
+    const std::string path = location.dir + "/" + name;
+    File& file = opened.files.emplace_back(path, File::Mode::kRead);
     if (sequential) {
-      opened.files.back().advise_sequential();
+      file.advise_sequential();
     } else {
-      opened.files.back().advise_random();
+      file.advise_random();
     }
+    // kAuto: a file mostly in the page cache is copied from memory faster than the device
+    // delivers it, so only cold files go around the cache.
+    const bool direct =
+        !sequential && (input_io == InputIo::kDirect ||
+                        (input_io == InputIo::kAuto && cached_bytes(file) * 2 < file.size()));
+    opened.direct.push_back(direct ? File::open_direct(path) : File());
   }
   return opened;
+}
+
+std::size_t CheckpointBlockReader::direct_files() const {
+  std::size_t n = 0;
+  auto count = [&n](const Opened& o) {
+    for (const File& f : o.direct) n += f.is_open() ? 1 : 0;
+  };
+  count(base_);
+  for (const Opened& o : experts_) count(o);
+  return n;
+}
+
+std::size_t CheckpointBlockReader::total_files() const {
+  std::size_t n = base_.files.size();
+  for (const Opened& o : experts_) n += o.files.size();
+  return n;
 }
 
 const CheckpointBlockReader::Opened& CheckpointBlockReader::opened(SourceId source) const {
@@ -37,8 +63,13 @@ void CheckpointBlockReader::read(SourceId source, std::uint32_t tensor, std::uin
   const CheckpointLocation& loc = *o.location;
   if (tensor >= loc.tensor_file.size())
     throw InputError(loc.dir + ": no location for tensor #" + std::to_string(tensor));
-  const File& file = o.files.at(loc.tensor_file[tensor]);
-  file.read_at(loc.tensor_offset[tensor] + byte_begin, dst);
+  const std::uint32_t shard = loc.tensor_file[tensor];
+  const std::uint64_t offset = loc.tensor_offset[tensor] + byte_begin;
+  // One scratch per I/O thread, kept for the thread's life.
+  thread_local AlignedBuffer scratch;
+  const File& direct = o.direct.at(shard);
+  if (!direct.is_open() || !direct.read_at_direct(offset, dst, scratch))
+    o.files.at(shard).read_at(offset, dst);
   counters_.add(source.expert == SourceId::kBase ? ByteCategory::kBase : ByteCategory::kExpert,
                 dst.size());
 }
@@ -47,7 +78,7 @@ void CheckpointBlockReader::prefetch(SourceId source, std::uint32_t tensor,
                                      std::uint64_t byte_begin, std::uint64_t length) {
   const Opened& o = opened(source);
   const CheckpointLocation& loc = *o.location;
-  if (tensor >= loc.tensor_file.size()) return;
+  if (tensor >= loc.tensor_file.size() || o.direct.at(loc.tensor_file[tensor]).is_open()) return;
   o.files.at(loc.tensor_file[tensor]).will_need(loc.tensor_offset[tensor] + byte_begin, length);
 }
 

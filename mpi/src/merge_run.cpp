@@ -335,12 +335,16 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   Thresholds scanned;
   ExecutionStats stats;
   double scan_seconds = 0, scan_read_wait = 0;
+  std::uint64_t input_files = 0, input_files_direct = 0;
   auto failure = capture_failure([&] {
     io::JournalWriter journal(options.output_dir, comm.rank());
-    io::CheckpointBlockReader reader(task.base, task.experts, io::global_byte_counters(),
-                                     task.full_read
-                                         ? io::CheckpointBlockReader::ExpertAccess::kWholeFiles
-                                         : io::CheckpointBlockReader::ExpertAccess::kExactRanges);
+    io::CheckpointBlockReader reader(
+        task.base, task.experts, io::global_byte_counters(),
+        task.full_read ? io::CheckpointBlockReader::ExpertAccess::kWholeFiles
+                       : io::CheckpointBlockReader::ExpertAccess::kExactRanges,
+        scan_thresholds_from_data ? io::InputIo::kBuffered : options.input_io);
+    input_files = reader.total_files();
+    input_files_direct = reader.direct_files();
     ReadVerifier verifier(task, blocking, options.verify_reads, reader);
     if (verifier.active()) {
       job.check_read.wanted = [&](SourceId source, std::uint32_t block) {
@@ -527,6 +531,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.finish_seconds = comm.allreduce_max(finish_seconds, "reduce timings");
   result.merge_seconds = comm.allreduce_max(seconds_since(t0), "reduce timings");
   result.max_rss_bytes = comm.allreduce_max(peak_rss_bytes(), "reduce rss");
+  result.input_files = comm.allreduce_sum(input_files, "reduce input files");
+  result.input_files_direct = comm.allreduce_sum(input_files_direct, "reduce input files");
   return result;
 }
 

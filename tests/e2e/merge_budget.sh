@@ -15,7 +15,8 @@ expert_files() { ls fam/expert0*/*.safetensors; }
 before=$("$PAGE_RESIDENCY" $(expert_files) | awk '{s += $1} END {print s}')
 [[ "$before" -eq 0 ]] || echo "note: $before expert bytes stayed cached after eviction"
 
-run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25 --quiet
+# Buffered reads, so what the merge read shows in the page cache.
+run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25 --input-io buffered --quiet
 after=$("$PAGE_RESIDENCY" $(expert_files) | awk '{s += $1} END {print s}')
 m=m25/mergepipe.manifest.json
 budget=$(json_get $m budget_bytes)
@@ -33,6 +34,32 @@ limit=$((budget + headers + pairs * 2 * 4096))
 echo "expert bytes in page cache after the merge: $after (budget $budget, planned $planned, headers $headers, limit $limit)"
 [[ "$before" -ne 0 || "$after" -le "$limit" ]] || fail "page cache holds $after expert bytes, more than budget+headers $limit"
 [[ "$after" -ge $((planned / 2)) ]] || fail "page cache shows only $after of $planned planned bytes: the probe is not measuring"
+
+# The default (--input-io auto) reads cold expert files with O_DIRECT: the same bytes, and the
+# page cache is left with the headers only. Warm files are read through the cache.
+cached() { "$PAGE_RESIDENCY" "$@" | awk '{s += $1} END {print s}'; }
+"$PAGE_RESIDENCY" --evict $(ls fam/*/*.safetensors) >/dev/null
+run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-direct --quiet
+d=m25-direct/mergepipe.manifest.json
+[[ "$(json_get $d input_io.mode)" == auto ]] || fail "manifest input_io.mode is not auto"
+# Each of the 2 ranks opens every shard of the base and the 6 experts; the budgeted experts'
+# are read directly, the base (read whole, with read-ahead) through the cache.
+shards=$(ls fam/expert00/*.safetensors | wc -l)
+[[ "$(json_get $d input_io.files)" -eq $((2 * 7 * shards)) ]] || fail "input_io.files $(json_get $d input_io.files) != $((2 * 7 * shards))"
+[[ "$(json_get $d input_io.direct_files)" -eq $((2 * 6 * shards)) ]] || fail "cold experts not read directly: $(json_get $d input_io.direct_files) of $((2 * 6 * shards))"
+[[ "$(json_get $d bytes_read.expert)" -eq "$planned" ]] || fail "direct run read $(json_get $d bytes_read.expert) expert bytes, planned $planned"
+[[ "$(json_get $m outputs.tensor_hashes)" == "$(json_get $d outputs.tensor_hashes)" ]] || fail "direct and buffered reads merged different bytes"
+# Left in the cache: the headers, read through it with the kernel's first read-ahead window
+# (4 pages for a small first read: 2 pages per file beyond `headers`), and no admitted block.
+header_window=$((headers + $(expert_files | wc -l) * 2 * 4096))
+left=$(cached $(expert_files))
+echo "expert bytes in page cache after the direct merge: $left (headers with read-ahead $header_window)"
+[[ "$before" -ne 0 || "$left" -le "$header_window" ]] || fail "direct reads left $left expert bytes in the page cache (headers $header_window)"
+cat $(expert_files) >/dev/null
+run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-warm --quiet
+[[ "$(json_get m25-warm/mergepipe.manifest.json input_io.direct_files)" -eq 0 ]] || fail "auto read cached experts with O_DIRECT"
+run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-forced --input-io direct --quiet
+[[ "$(json_get m25-forced/mergepipe.manifest.json input_io.direct_files)" -eq $((2 * 6 * shards)) ]] || fail "--input-io direct did not read the experts directly"
 
 # Omitted-update bound: measured ||M - M_A||_2 <= reported bound, fp32 output.
 for method in linear task_arithmetic; do

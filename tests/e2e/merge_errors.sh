@@ -12,6 +12,7 @@ expect_no_output o1
 expect_exit 2 "not a size|must be a size" "$MERGEPIPE" merge c.yaml --catalog cat --max-shard-size 10% --out o2
 expect_no_output o2
 expect_exit 2 "catalog" "$MERGEPIPE" merge c.yaml --out o3
+expect_exit 2 "--input-io must be auto, direct or buffered" "$MERGEPIPE" merge c.yaml --catalog cat --input-io sideways --out o3
 expect_no_output o3
 printf 'merge_method: linear\nbase_model: fam/base\nmodels: [fam/expert00]\nbogus_key: 1\n' >bad.yaml
 expect_exit 2 "bogus_key" run_np 2 merge bad.yaml --catalog cat --out o4

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mergepipe/io/byte_counters.hpp"
+#include "mergepipe/io/input_io.hpp"
 #include "mergepipe/merge_task.hpp"
 #include "mergepipe/mpi/comm.hpp"
 #include "mergepipe/progress.hpp"
@@ -36,6 +37,9 @@ struct MergeRunOptions {
   std::vector<std::pair<std::string, std::string>> mpiio_hints;
   bool resume = false;  // output_dir holds an earlier attempt of this task: keep what checks out
   VerifyReads verify_reads = VerifyReads::kFirstPerFile;
+  // How inputs read once are read; a full-read TIES reads through the page cache regardless
+  // (its windows are read twice: threshold scan, then merge).
+  io::InputIo input_io = io::InputIo::kAuto;
   // Full-read TIES: input bytes per scan-then-merge window (the page cache holds about two).
   std::uint64_t window_bytes = std::uint64_t{512} << 20;
   ProgressListener* progress = nullptr;  // rank 0
@@ -56,6 +60,8 @@ struct MergeRunResult {
   std::uint64_t blocks_resumed = 0;      // kept from an interrupted run after checking their bytes
   std::uint64_t blocks_rejected = 0;     // claimed by a journal but their bytes did not match
   std::uint64_t bytes_resume_check = 0;  // output bytes read back to check those claims
+  std::uint64_t input_files = 0;         // input shards opened, summed over ranks
+  std::uint64_t input_files_direct = 0;  // of which read with O_DIRECT
 };
 
 MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRunOptions& options);
