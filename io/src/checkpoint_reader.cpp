@@ -28,9 +28,8 @@ CheckpointBlockReader::Opened CheckpointBlockReader::open(const CheckpointLocati
     }
     // kAuto: a file mostly in the page cache is copied from memory faster than the device
     // delivers it, so only cold files go around the cache.
-    const bool direct =
-        !sequential && (input_io == InputIo::kDirect ||
-                        (input_io == InputIo::kAuto && cached_bytes(file) * 2 < file.size()));
+    const bool direct = !sequential && (input_io == InputIo::kDirect ||
+                                        (input_io == InputIo::kAuto && !mostly_cached(file)));
     opened.direct.push_back(direct ? File::open_direct(path) : File());
   }
   return opened;

@@ -30,10 +30,16 @@ class Mapping {
 };
 }  // namespace
 
+namespace {
+std::uint64_t page_size() {
+  return static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+}
+}  // namespace
+
 std::uint64_t cached_bytes(const File& file) {
   const std::uint64_t size = file.size();
   if (size == 0) return 0;
-  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t page = page_size();
   const Mapping mapping(file, static_cast<std::size_t>(size));
   std::vector<unsigned char> resident(static_cast<std::size_t>((size + page - 1) / page));
   if (::mincore(mapping.address(), static_cast<std::size_t>(size), resident.data()) != 0)
@@ -41,6 +47,25 @@ std::uint64_t cached_bytes(const File& file) {
   std::uint64_t pages = 0;
   for (unsigned char r : resident) pages += r & 1;
   return pages * page;
+}
+
+bool mostly_cached(const File& file, int samples) {
+  const std::uint64_t size = file.size();
+  if (size == 0 || samples < 1) return false;
+  const std::uint64_t page = page_size();
+  const std::uint64_t pages = (size + page - 1) / page;
+  const Mapping mapping(file, static_cast<std::size_t>(size));
+  int resident = 0;
+  for (int i = 0; i < samples; ++i) {
+    // The middle page of each of `samples` equal stretches of the file.
+    const std::uint64_t index =
+        (2 * static_cast<std::uint64_t>(i) + 1) * pages / (2 * static_cast<std::uint64_t>(samples));
+    unsigned char r = 0;
+    if (::mincore(static_cast<char*>(mapping.address()) + index * page, 1, &r) != 0)
+      throw IoError(file.path() + ": mincore failed: " + std::strerror(errno));
+    resident += r & 1;
+  }
+  return 2 * resident >= samples;
 }
 
 }  // namespace mergepipe::io

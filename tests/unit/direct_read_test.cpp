@@ -93,6 +93,25 @@ TEST(DirectRead, CachedBytesOfAnEmptyFileIsZero) {
   test::TempDir dir;
   test::write_file(dir.file("empty"), "");
   EXPECT_EQ(cached_bytes(File(dir.file("empty"), File::Mode::kRead)), 0u);
+  EXPECT_FALSE(mostly_cached(File(dir.file("empty"), File::Mode::kRead)));
+}
+
+TEST(DirectRead, MostlyCachedSamplesTheWholeFile) {
+  test::TempDir dir;
+  const std::string bytes = pattern(256 * 4096);
+  const std::string path = cold_file(dir, bytes);
+  File file(path, File::Mode::kRead);
+  file.advise_random();  // read exactly what is asked, so the cached share is ours
+  if (cached_bytes(file) != 0) GTEST_SKIP() << "this file system keeps files in memory";
+  EXPECT_FALSE(mostly_cached(file));
+  std::vector<std::byte> out(bytes.size());
+  file.read_at(0, std::span(out).subspan(0, 96 * 4096));  // the first 37.5%
+  EXPECT_FALSE(mostly_cached(file));
+  file.read_at(96 * 4096, std::span(out).subspan(0, 64 * 4096));  // now 62.5%
+  EXPECT_TRUE(mostly_cached(file));
+  file.read_at(0, out);
+  EXPECT_TRUE(mostly_cached(file));
+  EXPECT_EQ(cached_bytes(file), bytes.size());
 }
 
 }  // namespace
