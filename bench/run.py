@@ -278,6 +278,9 @@ class Bench:
                         m = json.load(f)
                     b = m["bytes_read"]
                     moved = b["base"] + b["expert"] + b["output_written"]
+                    if m["input_io"]["direct_files"]:  # auto must read cached files from memory
+                        log(f"   warning: {m['input_io']['direct_files']} warm input files read "
+                            "with O_DIRECT")
                     self.record(suite="warm", preset=self.a.warm_preset, experts=8, method=method,
                                 config=f"{ranks}x{threads}", budget="100%", ranks=ranks,
                                 threads=threads, rep=rep, wall_s=round(wall, 3),
