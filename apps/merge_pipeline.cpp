@@ -3,7 +3,9 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
+#include <string_view>
 
 #include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
@@ -21,6 +23,21 @@ namespace mergepipe::app {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The value spelled `text` among `choices`; UsageError "<what> must be a, b or c" otherwise.
+template <typename T>
+T parse_choice(const std::string& text,
+               std::initializer_list<std::pair<std::string_view, T>> choices,
+               const std::string& what) {
+  std::string names;
+  std::size_t i = 0;
+  for (const auto& [name, value] : choices) {
+    if (text == name) return value;
+    names += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + std::string(name);
+    ++i;
+  }
+  throw UsageError(what + " must be " + names);
+}
 
 // Manifests of merged inputs carry forward as lineage.
 nlohmann::json lineage_of(const MergeTask& task) {
@@ -101,24 +118,16 @@ void finish_run_options(const RunOptionText& text, PipelineOptions& options,
   options.read_bytes = parse_byte_size(text.read_size, command + ": --read-size");
   if (options.read_bytes < 4096) throw UsageError(command + ": --read-size must be at least 4KiB");
   options.resume = !text.no_resume;
-  if (text.verify_reads == "first") {
-    options.verify_reads = mpi::VerifyReads::kFirstPerFile;
-  } else if (text.verify_reads == "all") {
-    options.verify_reads = mpi::VerifyReads::kAll;
-  } else if (text.verify_reads == "off") {
-    options.verify_reads = mpi::VerifyReads::kOff;
-  } else {
-    throw UsageError(command + ": --verify-reads must be first, all or off");
-  }
-  if (text.input_io == "auto") {
-    options.input_io = io::InputIo::kAuto;
-  } else if (text.input_io == "direct") {
-    options.input_io = io::InputIo::kDirect;
-  } else if (text.input_io == "buffered") {
-    options.input_io = io::InputIo::kBuffered;
-  } else {
-    throw UsageError(command + ": --input-io must be auto, direct or buffered");
-  }
+  options.verify_reads = parse_choice<mpi::VerifyReads>(text.verify_reads,
+                                                        {{"first", mpi::VerifyReads::kFirstPerFile},
+                                                         {"all", mpi::VerifyReads::kAll},
+                                                         {"off", mpi::VerifyReads::kOff}},
+                                                        command + ": --verify-reads");
+  options.input_io = parse_choice<io::InputIo>(text.input_io,
+                                               {{"auto", io::InputIo::kAuto},
+                                                {"direct", io::InputIo::kDirect},
+                                                {"buffered", io::InputIo::kBuffered}},
+                                               command + ": --input-io");
   options.style = parse_output_style(text.style, command);
 }
 
