@@ -27,9 +27,18 @@ CheckpointBlockReader::Opened CheckpointBlockReader::open(const CheckpointLocati
       file.advise_random();
     }
     // kAuto: a file mostly in the page cache is copied from memory faster than the device
-    // delivers it, so only cold files go around the cache.
-    const bool direct = !sequential && (input_io == InputIo::kDirect ||
-                                        (input_io == InputIo::kAuto && !mostly_cached(file)));
+    // delivers it, so only cold files go around the cache. A file system that cannot map the
+    // file cannot say: count it as cold (a refused O_DIRECT still falls back to the cache).
+    bool cached = false;
+    if (!sequential && input_io == InputIo::kAuto) {
+      try {
+        cached = mostly_cached(file);
+      } catch (const IoError&) {
+        cached = false;
+      }
+    }
+    const bool direct =
+        !sequential && (input_io == InputIo::kDirect || (input_io == InputIo::kAuto && !cached));
     opened.direct.push_back(direct ? File::open_direct(path) : File());
   }
   return opened;
