@@ -123,11 +123,12 @@ void finish_run_options(const RunOptionText& text, PipelineOptions& options,
                                                          {"all", mpi::VerifyReads::kAll},
                                                          {"off", mpi::VerifyReads::kOff}},
                                                         command + ": --verify-reads");
-  options.input_io = parse_choice<io::InputIo>(text.input_io,
-                                               {{"auto", io::InputIo::kAuto},
-                                                {"direct", io::InputIo::kDirect},
-                                                {"buffered", io::InputIo::kBuffered}},
-                                               command + ": --input-io");
+  options.input_io = parse_choice<io::InputIo>(
+      text.input_io,
+      {{io::input_io_name(io::InputIo::kAuto), io::InputIo::kAuto},
+       {io::input_io_name(io::InputIo::kDirect), io::InputIo::kDirect},
+       {io::input_io_name(io::InputIo::kBuffered), io::InputIo::kBuffered}},
+      command + ": --input-io");
   options.style = parse_output_style(text.style, command);
 }
 
