@@ -5,11 +5,12 @@
 // experts of a full read, are read whole, so they get sequential read-ahead, which keeps the
 // device busy between our requests.
 //
-// Files read once can instead be read around the page cache (O_DIRECT, InputIo::kDirect or
-// kAuto on a cold file): the device writes straight into our buffer, so nothing is readahead
-// past what the plan admitted, and no CPU goes to filling, copying out of and reclaiming page
-// cache (on the 2-core test VM a cold buffered read costs about 2 core-seconds per GB in the
-// kernel; a direct one costs the copy out of the aligned scratch only).
+// Budgeted expert files (exact ranges) can instead be read around the page cache (O_DIRECT:
+// InputIo::kDirect, or kAuto on a cold file); whole-file reads keep the cache's sequential
+// read-ahead, measured faster. The device writes straight into our buffer, so nothing is read
+// ahead past what the plan admitted, and no CPU goes to filling, copying out of and reclaiming
+// page cache (on the 2-core test VM a cold buffered read costs about 2 core-seconds per GB in
+// the kernel; a direct one costs the copy out of the aligned scratch only).
 #include <memory>
 #include <vector>
 

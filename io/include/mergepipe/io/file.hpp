@@ -21,8 +21,8 @@ class File {
   File() = default;
   File(const std::string& path, Mode mode);  // throws IoError (missing file, permissions, ...)
   // Opens for reading with O_DIRECT: reads go from the device to our buffer, bypassing the page
-  // cache. Returns a closed File when the file system refuses O_DIRECT (EINVAL: tmpfs before
-  // Linux 6.6, some FUSE mounts); other failures throw IoError.
+  // cache. Returns a closed File when the file system refuses O_DIRECT (open fails with EINVAL);
+  // other failures throw IoError.
   static File open_direct(const std::string& path);
   ~File();
   File(File&& other) noexcept;
