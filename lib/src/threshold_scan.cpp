@@ -1,5 +1,7 @@
 #include "mergepipe/threshold_scan.hpp"
 
+#include <algorithm>
+
 #include "mergepipe/dtype.hpp"
 #include "mergepipe/magnitude_sketch.hpp"
 #include "mergepipe/worker_pool.hpp"
@@ -30,6 +32,7 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
 
   ScanResult result;
   result.sketches.assign(scan.tensors->size(), std::vector<MagnitudeSketch>(experts));
+  std::vector<char> slice_changed(experts);  // element k written by expert k's worker only
   for (std::size_t i = 0; i < blocks.size();) {
     if (scan.stop_requested && scan.stop_requested()) {
       result.complete = false;
@@ -41,6 +44,7 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
     const DType dtype = (*scan.tensors)[blk.tensor].dtype;
     const std::size_t size = dtype_size(dtype);
     std::vector<MagnitudeSketch>& sketches = result.sketches[blk.tensor];
+    std::fill(slice_changed.begin(), slice_changed.end(), 0);
     pool.run([&](int worker) {
       const auto w = static_cast<std::size_t>(worker);
       for (std::size_t first = 0; first < slice_elems; first += kChunkElems) {
@@ -54,6 +58,7 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
             sketches[k].add_zeros(n);
             continue;
           }
+          slice_changed[k] = 1;
           if (dtype == DType::kBF16) {
             sketches[k].add_bf16_deltas(expert_bytes, base[w].data(), n);
             continue;
@@ -65,6 +70,9 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
     });
     const bool last_slice = loaded->last_slice;
     const std::uint64_t bytes = loaded->byte_length * (experts + 1);
+    std::vector<char>& changed = result.changed[loaded->block];
+    changed.resize(experts, 0);
+    for (std::size_t k = 0; k < experts; ++k) changed[k] |= slice_changed[k];
     stream.recycle(std::move(loaded));
     if (scan.on_block) scan.on_block(bytes);
     if (!last_slice) continue;

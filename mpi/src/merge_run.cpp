@@ -389,6 +389,11 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     // window, the sketches of a tensor's parts are combined in between. So a window's reads
     // are in the page cache of the node that merges them, and a tensor larger than a window
     // (an embedding) is split over the ranks instead of being held by one.
+    std::vector<char> unchanged_pairs(blocking.blocks.size() * experts, 0);  // [block][expert]
+    job.admitted = [&unchanged_pairs, experts, admitted = job.admitted](std::size_t k,
+                                                                        std::size_t b) {
+      return !unchanged_pairs[b * experts + k] && admitted(k, b);
+    };
     std::vector<std::uint32_t> pending_tensors;
     for (std::uint32_t t = 0; t < tensor_count; ++t) {
       bool work = !thresholds.count(t);
@@ -478,6 +483,10 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       // scanned last are the likeliest to still be there, and merging them first gives other
       // reads the least time to push the rest out.
       std::reverse(to_merge.begin(), to_merge.end());
+      // Expert blocks the scan found identical to the base merge as omitted ones: not read again.
+      for (const auto& [block, changed] : part.changed)
+        for (std::size_t k = 0; k < experts; ++k)
+          if (!changed[k]) unchanged_pairs[std::size_t{block} * experts + k] = 1;
       std::optional<Error> merge_failure = capture_failure(
           [&] { add(stats, execute_blocks(job, to_merge, reader, sink, &observer)); });
       comm.check(merge_failure, "merge");

@@ -15,6 +15,16 @@ for method in linear task_arithmetic ties dare_linear dare_ties; do
   [[ -f "full-$method/config.json" && -f "full-$method/mergepipe.manifest.json" ]] || fail "$method: folder incomplete"
 done
 
+# A full-read TIES reads every expert block once to find its thresholds, then again to merge it,
+# except the blocks that scan found bit-identical to the base: on the catalog's blocking, the
+# second pass reads exactly the non-zero pairs a 100% budget reads, and gives the same bytes.
+run_np 2 merge ties.yaml --full-read --block-bytes 4096 --out naive-ties-4k --quiet
+same_model_files full-ties naive-ties-4k
+expert_bytes() { "$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['bytes_read']['expert'])" "$1/mergepipe.manifest.json"; }
+once=$(expert_bytes naive-linear) nonzero=$(expert_bytes full-ties) twice=$(expert_bytes naive-ties-4k)
+((nonzero < once)) || fail "the family has no all-zero expert blocks ($nonzero of $once bytes non-zero)"
+((twice == once + nonzero)) || fail "full-read TIES read $twice expert bytes, expected $once + $nonzero"
+
 # Rank and thread invariance at a partial budget.
 write_config ties.yaml ties fam 4
 run_np 1 merge ties.yaml --catalog cat --budget 40% --out r1 --threads 1 --quiet

@@ -95,3 +95,47 @@ TEST(ThresholdScan, MatchesTheSketchOfEachWholeTensor) {
     }
   }
 }
+
+// The scan tells which (block, expert) deltas are exactly zero, so a full-read merge can skip
+// reading those blocks again: an expert bit-identical to the base over a whole block is unchanged
+// there, one differing in a single element is not, and a base NaN/Inf never counts as unchanged.
+TEST(ThresholdScan, ReportsWhichExpertsChangeEachBlock) {
+  const std::vector<TensorInfo> tensors{{"w", DType::kBF16, {4096}}, {"v", DType::kF32, {512}}};
+  Memory mem;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  for (int src = -1; src < 2; ++src) {
+    for (const auto& t : tensors) {
+      std::vector<float> v(t.numel());
+      for (auto& x : v) x = dist(rng);
+      std::vector<std::byte> bytes(t.nbytes());
+      convert_from_f32(t.dtype, v.data(), bytes.data(), v.size());
+      mem.data[src].push_back(bytes);
+    }
+  }
+  // Expert 0: w identical to the base but for element 3000; v identical with a base +Inf.
+  mem.data[0][0] = mem.data[-1][0];
+  mem.data[0][0][3000 * 2] ^= std::byte{1};
+  const float inf = std::numeric_limits<float>::infinity();
+  std::memcpy(mem.data[-1][1].data() + 4 * 100, &inf, 4);
+  mem.data[0][1] = mem.data[-1][1];
+  // Expert 1 changes everything except w's first 2048 elements.
+  std::memcpy(mem.data[1][0].data(), mem.data[-1][0].data(), 2048 * 2);
+  for (int threads : {1, 2}) {
+    for (std::uint64_t slice : {std::uint64_t{0}, std::uint64_t{512}}) {
+      const Blocking blocking = make_blocking(tensors, 2048);  // w: 4 blocks, v: 1 block
+      ASSERT_EQ(blocking.blocks.size(), 5u);
+      ThresholdScan scan;
+      scan.blocking = &blocking;
+      scan.tensors = &tensors;
+      scan.densities = {0.5, 0.5};
+      scan.threads = threads;
+      scan.slice_bytes = slice;
+      const ScanResult r = scan_sketches(scan, {0, 1, 2, 3, 4}, mem);
+      ASSERT_EQ(r.changed.size(), 5u);
+      const std::vector<std::vector<char>> expect{{0, 0}, {0, 0}, {1, 1}, {0, 1}, {1, 1}};
+      for (std::uint32_t b = 0; b < 5; ++b)
+        EXPECT_EQ(r.changed.at(b), expect[b]) << "block " << b << ", " << threads << " threads";
+    }
+  }
+}

@@ -6,6 +6,7 @@
 // parts of a tensor (scanned by several ranks) merge exactly, since they are integer counts.
 #include <cstdint>
 #include <functional>
+#include <unordered_map>
 #include <vector>
 
 #include "mergepipe/block_stream.hpp"
@@ -34,6 +35,8 @@ struct ThresholdScan {
 // (incomplete) when stop_requested. Throws what the reader throws.
 struct ScanResult {
   std::vector<std::vector<MagnitudeSketch>> sketches;  // [tensor][expert], sparse form
+  // Per scanned block: changed[b][k] is 1 when expert k differs from the base somewhere in it.
+  std::unordered_map<std::uint32_t, std::vector<char>> changed;
   bool complete = true;
   double read_wait_seconds = 0;  // time the scan waited for its reads
 };
