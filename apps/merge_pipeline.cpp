@@ -92,7 +92,7 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
       "io-threads", po::value(&options.io_threads)->default_value(4), "concurrent reads per rank")(
       "prefetch", po::value(&options.prefetch_depth)->default_value(2),
       "slices read ahead per rank")(
-      "read-size", po::value(&text.read_size)->default_value("512KiB"),
+      "read-size", po::value(&text.read_size)->default_value("128KiB"),
       "largest single read: blocks are read and merged in slices of this size")(
       "force", po::bool_switch(&options.force),
       "replace an existing output folder (the new one is complete before the old one goes)")(

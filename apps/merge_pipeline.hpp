@@ -20,7 +20,7 @@ struct PipelineOptions {
   int threads = 0;  // 0: the node's cores shared by its ranks
   int io_threads = 4;
   int prefetch_depth = 2;
-  std::uint64_t read_bytes = 512u << 10;
+  std::uint64_t read_bytes = 128u << 10;
   bool allow_nonfinite = false;
   bool resume = true;
   mpi::VerifyReads verify_reads = mpi::VerifyReads::kFirstPerFile;
@@ -37,7 +37,7 @@ struct PipelineOptions {
 // Command-line text of the options merge and replay share, before validation.
 struct RunOptionText {
   std::vector<std::string> hints;
-  std::string read_size = "512KiB";
+  std::string read_size = "128KiB";
   std::string verify_reads = "first";
   std::string input_io = "auto";
   bool no_resume = false;

@@ -53,7 +53,7 @@ struct ExecutionJob {
   int threads = 1;                         // compute threads
   int io_threads = 4;                      // concurrent reads
   int prefetch_depth = 2;                  // slices read ahead
-  std::uint64_t slice_bytes = 512u << 10;  // reads and compute steps within a block (0: whole)
+  std::uint64_t slice_bytes = 128u << 10;  // reads and compute steps within a block (0: whole)
   bool allow_nonfinite = false;            // otherwise a NaN/Inf in the output is an InputError
   // Optional check of reads, e.g. against catalog hashes. Both are called on the executing thread.
   struct ReadCheck {

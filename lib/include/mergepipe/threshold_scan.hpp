@@ -22,7 +22,7 @@ struct ThresholdScan {
   int threads = 1;                // compute threads
   int io_threads = 4;
   int prefetch_depth = 2;
-  std::uint64_t slice_bytes = 512u << 10;  // reads and compute steps within a block (0: whole)
+  std::uint64_t slice_bytes = 128u << 10;  // reads and compute steps within a block (0: whole)
   BlockPool* pool = nullptr;               // block buffers to reuse across scans (optional)
   // Called on the calling thread after each slice with the bytes it read.
   std::function<void(std::uint64_t)> on_block;

@@ -32,7 +32,7 @@ struct MergeRunOptions {
   int threads = 1;
   int io_threads = 4;
   int prefetch_depth = 2;
-  std::uint64_t read_bytes = 512u << 10;  // slice of a block read and merged at a time
+  std::uint64_t read_bytes = 128u << 10;  // slice of a block read and merged at a time
   bool allow_nonfinite = false;
   std::vector<std::pair<std::string, std::string>> mpiio_hints;
   bool resume = false;  // output_dir holds an earlier attempt of this task: keep what checks out
