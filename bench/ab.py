@@ -20,8 +20,10 @@ import subprocess
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1")
+# OMPI_MCA_pml: skip the cm PML, whose PSM transports wait ~0.2 s at start-up on a machine
+# without their hardware (docs/cluster.md); a value set by the caller wins.
+ENV = {"OMPI_MCA_pml": "^cm", **os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1",
+       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 
 def main():

@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_pml="${OMPI_MCA_pml:-^cm}"  # cm's PSM transports wait ~0.2 s without hardware
 MP="$PWD/build/bin/mergepipe"
 PRESET="${PRESET:-qwen3-0.6b}" K="${K:-8}" METHOD="${METHOD:-ties}" NP="${NP:-2}" THREADS="${THREADS:-1}"
 BUDGETS="${BUDGETS:-100% 50% 25% 10%}"

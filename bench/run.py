@@ -28,8 +28,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1")
+# OMPI_MCA_pml: skip the cm PML, whose PSM transports wait ~0.2 s at start-up on a machine
+# without their hardware (docs/cluster.md); a value set by the caller wins.
+ENV = {"OMPI_MCA_pml": "^cm", **os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1",
+       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 def binding(threads):
     """mpirun options for a rank with `threads` compute threads: Open MPI binds each rank to one
     core when it starts two or fewer, which would put a multi-threaded rank's threads on one core.
