@@ -89,7 +89,7 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
   desc.add_options()("threads", po::value(&options.threads)->default_value(0),
                      "compute threads per rank (0: the CPUs the rank is bound to, else the node's "
                      "CPUs divided by its ranks)")(
-      "io-threads", po::value(&options.io_threads)->default_value(4), "concurrent reads per rank")(
+      "io-threads", po::value(&options.io_threads)->default_value(8), "concurrent reads per rank")(
       "prefetch", po::value(&options.prefetch_depth)->default_value(2),
       "slices read ahead per rank")(
       "read-size", po::value(&text.read_size)->default_value("128KiB"),

@@ -18,7 +18,7 @@ struct PipelineOptions {
   std::string out;
   bool force = false;
   int threads = 0;  // 0: the node's cores shared by its ranks
-  int io_threads = 4;
+  int io_threads = 8;
   int prefetch_depth = 2;
   std::uint64_t read_bytes = 128u << 10;
   bool allow_nonfinite = false;

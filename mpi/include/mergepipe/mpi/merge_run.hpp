@@ -30,7 +30,7 @@ enum class VerifyReads { kOff, kFirstPerFile, kAll };
 struct MergeRunOptions {
   std::string output_dir;  // an existing (staging) folder; tensor files are written inside it
   int threads = 1;
-  int io_threads = 4;
+  int io_threads = 8;
   int prefetch_depth = 2;
   std::uint64_t read_bytes = 128u << 10;  // slice of a block read and merged at a time
   bool allow_nonfinite = false;
