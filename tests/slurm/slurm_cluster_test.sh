@@ -136,7 +136,9 @@ run_np 2 catalog --base big/base --experts big/expert00 big/expert01 big/expert0
 write_config big.yaml ties big 3
 run_np 2 merge big.yaml --catalog cat-big --budget 70% --out big-direct --threads 1 --quiet
 blocks=$(json_get cat-big/catalog.json block_count)
-CONFIG=big.yaml CATALOG=cat-big BUDGET=70% OUT=big-slurm EXTRA_ARGS="--progress-interval 0.5" \
+# One reader per rank and small reads: the merge must still be running when it is requeued.
+CONFIG=big.yaml CATALOG=cat-big BUDGET=70% OUT=big-slurm \
+  EXTRA_ARGS="--progress-interval 0.5 --io-threads 1 --read-size 64KiB" \
   sbatch --parsable --ntasks=2 --output="$PWD/logs/preempt.out" "$SLURM_DIR/merge.sbatch" >logs/preempt.id
 preempt_job="$(head -1 logs/preempt.id)"
 journal_records() { cat .big-slurm.mergepipe-staging/journal-*.bin 2>/dev/null | wc -c | awk '{print int($1 / 32)}'; }
