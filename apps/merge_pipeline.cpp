@@ -261,8 +261,9 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
                       {"write_bytes", k_write}}}};
     outcome.total_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
-        options.plan_seconds;
-    record.timings = {{"plan", options.plan_seconds},
+        options.catalog_load_seconds + options.plan_seconds;
+    record.timings = {{"catalog_load", options.catalog_load_seconds},
+                      {"plan", options.plan_seconds},
                       {"threshold_scan", outcome.run.scan_seconds},
                       {"threshold_scan_read_wait", outcome.run.scan_read_wait_seconds},
                       {"merge", outcome.run.merge_seconds},
