@@ -31,7 +31,7 @@ struct PipelineOptions {
   std::uint64_t catalog_bytes = 0;
   std::string replay_of;
   std::map<std::string, std::string> expected_hashes;  // replay: output must match, else no publish
-  double catalog_load_seconds = 0;  // reading and checking the catalog on rank 0
+  double catalog_load_seconds = 0;                     // reading and checking the catalog on rank 0
   double plan_seconds = 0;
 };
 
