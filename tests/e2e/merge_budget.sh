@@ -25,6 +25,13 @@ read_expert=$(json_get $m bytes_read.expert)
 full=$(json_get $m full_expert_bytes)
 pairs=$(json_get $m plan.pairs_admitted)
 [[ "$read_expert" -eq "$planned" ]] || fail "manifest: expert bytes read $read_expert != planned $planned"
+# The catalog is read before planning: its time is recorded and counted in the total.
+"$PYTHON" - "$m" <<'PY' || fail "manifest timings: catalog_load missing, zero or not in total"
+import json, sys
+t = json.load(open(sys.argv[1]))["timings"]
+assert t["catalog_load"] > 0, t
+assert t["total"] >= t["catalog_load"] + t["plan"] + t["merge"] - 1e-6, t
+PY
 [[ "$planned" -le "$budget" ]] || fail "planned $planned exceeds the budget $budget"
 [[ $((budget * 4)) -le $((full + 3)) ]] || fail "25% budget $budget is not a quarter of $full"
 # Headers are read to check the catalog is fresh: allow one 4 KiB page per header page touched
