@@ -1,6 +1,8 @@
 // mergepipe merge CONFIG --catalog CAT --budget B --out DIR  (or --full-read, the naive baseline)
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <thread>
 
 #include "cli.hpp"
@@ -13,6 +15,7 @@
 #include "mergepipe/io/hf_folder.hpp"
 #include "mergepipe/io/merge_config.hpp"
 #include "mergepipe/io/output_layout.hpp"
+#include "mergepipe/io/read_ahead.hpp"
 #include "mergepipe/planner.hpp"
 #include "mergepipe/structure_match.hpp"
 
@@ -62,9 +65,30 @@ MergeTask full_read_task(const MergeSpec& spec, std::uint64_t block_bytes) {
   return task;
 }
 
-MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOptions& pipeline) {
+// Rank 0's disk idles while it loads the catalog and plans. Every merge reads the whole base,
+// and rank 0's share of the blocks starts at the first one: read the start of the base in the
+// meantime, at most an equal share of it (on a cluster, more would fill the page cache of a
+// node that does not merge those blocks). It runs on any CPU of this node's ranks: mpirun binds
+// rank 0 to one core, where the catalog load kept the read-ahead waiting (measured: 0.07 of
+// 0.75 GB read in time), while the other ranks sleep until the plan arrives. Nothing if the base
+// cannot be opened: the merge then reports that itself.
+std::unique_ptr<io::BackgroundReadAhead> start_base_read_ahead(const MergeSpec& spec, int ranks,
+                                                               const mpi::CpuPlacement& placement) {
+  try {
+    const Checkpoint base = io::open_checkpoint(spec.base_model);
+    return std::make_unique<io::BackgroundReadAhead>(io::tensor_read_order(base),
+                                                     base.total_bytes() / std::max(ranks, 1),
+                                                     placement.node_cpu_ids);
+  } catch (const Error&) {
+    return nullptr;
+  }
+}
+
+MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOptions& pipeline,
+                        int ranks, const mpi::CpuPlacement& placement) {
   if (o.catalog.empty())
     throw UsageError("merge: --catalog is required (or --full-read for the naive baseline)");
+  const auto read_ahead = start_base_read_ahead(spec, ranks, placement);
   const auto load_start = std::chrono::steady_clock::now();
   const Catalog catalog = io::load_catalog(o.catalog);
   pipeline.catalog_bytes = io::catalog_size_bytes(o.catalog);
@@ -76,6 +100,10 @@ MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOp
   task.plan = make_plan(catalog, spec, request);
   pipeline.plan_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (read_ahead) {
+    pipeline.base_read_ahead_bytes = read_ahead->stop();
+    pipeline.base_read_ahead_seconds = read_ahead->seconds();
+  }
   task.spec = spec;
   task.spec.budget = request.budget.to_string();
   task.tensors = catalog.tensors;
@@ -183,6 +211,7 @@ int cmd_merge(CommandContext& ctx) {
   o.pipeline.out = o.out;
   o.pipeline.catalog_path = o.full_read ? "" : o.catalog;
 
+  o.pipeline.placement = mpi::cpu_placement(ctx.comm);
   MergeTask task;
   auto failure = mpi::capture_failure([&] {
     if (!ctx.comm.is_root()) return;
@@ -192,7 +221,8 @@ int cmd_merge(CommandContext& ctx) {
     spec.validate();
     if (!block_bytes_text.empty())
       o.block_bytes = parse_byte_size(block_bytes_text, "merge: --block-bytes");
-    task = o.full_read ? full_read_task(spec, o.block_bytes) : budgeted_task(spec, o, o.pipeline);
+    task = o.full_read ? full_read_task(spec, o.block_bytes)
+                       : budgeted_task(spec, o, o.pipeline, ctx.comm.size(), *o.pipeline.placement);
     task.out_dtypes = output_dtypes(task.spec, task.tensors);
     task.format = o.format == "hdf5" ? OutputFormat::kHdf5 : OutputFormat::kSafetensors;
     task.max_shard_bytes = parse_byte_size(o.max_shard, "merge: --max-shard-size");

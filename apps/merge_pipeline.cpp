@@ -161,7 +161,8 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
   comm.broadcast(bytes, 0, "broadcast merge task");
   if (!comm.is_root()) task = deserialize_task(bytes);
   PipelineOutcome outcome;
-  const mpi::CpuPlacement placement = mpi::cpu_placement(comm);
+  const mpi::CpuPlacement placement =
+      options.placement ? *options.placement : mpi::cpu_placement(comm);
   outcome.threads = options.threads > 0 ? options.threads : mpi::default_threads(placement);
   if (const std::string advice = mpi::idle_cpu_advice(placement); comm.is_root() && !advice.empty())
     print_warning(options.style, advice);
@@ -236,29 +237,32 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
     record.max_rss_bytes = outcome.run.max_rss_bytes;
     record.lineage_parents = lineage_of(task);
     record.replay_of = options.replay_of;
-    record.extra = {{"io_threads", options.io_threads},
-                    {"prefetch_depth", options.prefetch_depth},
-                    {"read_bytes", options.read_bytes},
-                    {"cpus_per_rank", placement.rank_cpus},
-                    {"input_io",
-                     {{"mode", std::string(io::input_io_name(options.input_io))},
-                      {"files", outcome.run.input_files},
-                      {"direct_files", outcome.run.input_files_direct}}},
-                    {"verify_reads", options.verify_reads == mpi::VerifyReads::kAll   ? "all"
-                                     : options.verify_reads == mpi::VerifyReads::kOff ? "off"
-                                                                                      : "first"},
-                    {"resume",
-                     {{"resumed", resumed != 0},
-                      {"blocks_total", outcome.run.blocks_total},
-                      {"blocks_kept", outcome.run.blocks_resumed},
-                      {"blocks_rejected", outcome.run.blocks_rejected},
-                      {"bytes_checked", outcome.run.bytes_resume_check}}},
-                    {"kernel_io",
-                     {{"available", kio.available},
-                      {"rchar", k_rchar},
-                      {"wchar", k_wchar},
-                      {"read_bytes", k_read},
-                      {"write_bytes", k_write}}}};
+    record.extra = {
+        {"io_threads", options.io_threads},
+        {"prefetch_depth", options.prefetch_depth},
+        {"read_bytes", options.read_bytes},
+        {"cpus_per_rank", placement.rank_cpus},
+        {"input_io",
+         {{"mode", std::string(io::input_io_name(options.input_io))},
+          {"files", outcome.run.input_files},
+          {"direct_files", outcome.run.input_files_direct}}},
+        {"base_read_ahead",
+         {{"bytes", options.base_read_ahead_bytes}, {"seconds", options.base_read_ahead_seconds}}},
+        {"verify_reads", options.verify_reads == mpi::VerifyReads::kAll   ? "all"
+                         : options.verify_reads == mpi::VerifyReads::kOff ? "off"
+                                                                          : "first"},
+        {"resume",
+         {{"resumed", resumed != 0},
+          {"blocks_total", outcome.run.blocks_total},
+          {"blocks_kept", outcome.run.blocks_resumed},
+          {"blocks_rejected", outcome.run.blocks_rejected},
+          {"bytes_checked", outcome.run.bytes_resume_check}}},
+        {"kernel_io",
+         {{"available", kio.available},
+          {"rchar", k_rchar},
+          {"wchar", k_wchar},
+          {"read_bytes", k_read},
+          {"write_bytes", k_write}}}};
     outcome.total_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
         options.catalog_load_seconds + options.plan_seconds;

@@ -3,12 +3,14 @@
 // publish; and the options both take.
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "commands.hpp"
 #include "mergepipe/merge_task.hpp"
+#include "mergepipe/mpi/cpu_placement.hpp"
 #include "mergepipe/mpi/merge_run.hpp"
 #include "output_style.hpp"
 
@@ -33,6 +35,12 @@ struct PipelineOptions {
   std::map<std::string, std::string> expected_hashes;  // replay: output must match, else no publish
   double catalog_load_seconds = 0;                     // reading and checking the catalog on rank 0
   double plan_seconds = 0;
+  // The start of the base read into the page cache while rank 0 loaded the catalog and planned.
+  std::uint64_t base_read_ahead_bytes = 0;
+  double base_read_ahead_seconds = 0;
+  // Where this node's ranks run, when the command found out already (else execute_and_publish
+  // does; it is collective).
+  std::optional<mpi::CpuPlacement> placement;
 };
 
 // Command-line text of the options merge and replay share, before validation.

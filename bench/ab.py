@@ -66,10 +66,13 @@ def main():
             os.sync()
             wall = time.monotonic() - t0
             with open(os.path.join(out, "mergepipe.manifest.json")) as f:
-                t = json.load(f)["timings"]
+                m = json.load(f)
+            t = m["timings"]
+            ahead = m.get("base_read_ahead", {}).get("bytes", 0)
             walls[name].append(wall)
-            print(f"rep {rep} {name}: {wall:.2f} s  (merge {t['merge']:.2f}, read_wait "
-                  f"{t['read_wait']:.2f}, compute {t['compute']:.2f}, write {t['write']:.2f})",
+            print(f"rep {rep} {name}: {wall:.2f} s  (catalog {t.get('catalog_load', 0):.2f}, merge {t['merge']:.2f}, read_wait "
+                  f"{t['read_wait']:.2f}, compute {t['compute']:.2f}, write {t['write']:.2f}, sync "
+                  f"{t['output_sync']:.2f}, base read ahead {ahead / 1e9:.2f} GB)",
                   flush=True)
     shutil.rmtree(out, ignore_errors=True)
     ma, mb = statistics.median(walls["A"]), statistics.median(walls["B"])

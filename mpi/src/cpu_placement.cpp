@@ -49,6 +49,8 @@ CpuPlacement cpu_placement(const Comm& comm) {
                     local.handle()) != MPI_SUCCESS)
     throw IoError("MPI: allreduce failed (ranks' CPU masks)");
   p.node_cpus = std::max(1, CPU_COUNT(&node));
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &node)) p.node_cpu_ids.push_back(c);
   int launcher_cpus = CPU_COUNT(&launcher);
   if (const int slurm = slurm_cpus_on_node(); slurm > 0)
     launcher_cpus = std::min(launcher_cpus, slurm);

@@ -4,6 +4,7 @@
 // the job has: its reads and its merge then share them while the others stay idle (measured:
 // one rank bound to one of two cores ran a K = 20 full-read TIES in 64 s, unbound in 38 s).
 #include <string>
+#include <vector>
 
 #include "mergepipe/mpi/comm.hpp"
 
@@ -16,6 +17,7 @@ struct CpuPlacement {
   // under Slurm, at least node_cpus.
   int launcher_cpus = 1;
   int ranks_on_node = 1;
+  std::vector<int> node_cpu_ids;  // the CPUs of node_cpus
 };
 
 // Collective over comm.

@@ -1,0 +1,58 @@
+#pragma once
+// Reads byte ranges of files into the page cache on a background thread, in order, until it is
+// stopped or has read its cap. A merge uses it to put rank 0's idle disk to work while it loads
+// the catalog and plans: the base is read in full by every merge, and its first blocks are rank
+// 0's first reads.
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mergepipe/checkpoint.hpp"
+
+namespace mergepipe::io {
+
+struct FileRange {
+  std::string path;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+
+// The tensor bytes of `checkpoint` in the order a merge reads them (checkpoint order), adjacent
+// tensors of a file joined into one range.
+std::vector<FileRange> tensor_read_order(const Checkpoint& checkpoint);
+
+class BackgroundReadAhead {
+ public:
+  // Starts reading `ranges` in order, at most `max_bytes` in all; a range whose file is mostly
+  // in the page cache already is skipped (and not counted). Failures (a missing file, a
+  // read error) end the read-ahead quietly: it is a hint, and the merge's own read of the same
+  // bytes reports the problem with its context.
+  // `cpus`: where its thread may run (empty: where the caller may).
+  BackgroundReadAhead(std::vector<FileRange> ranges, std::uint64_t max_bytes,
+                      std::vector<int> cpus = {});
+  ~BackgroundReadAhead();
+  BackgroundReadAhead(const BackgroundReadAhead&) = delete;
+  BackgroundReadAhead& operator=(const BackgroundReadAhead&) = delete;
+
+  // Issues no further reads, waits for the one in flight, and returns the bytes read. Idempotent.
+  std::uint64_t stop();
+  // Waits until everything (up to the cap) is read, or a failure ended it; returns the bytes read.
+  std::uint64_t wait();
+  // Seconds from the start to the last completed read.
+  double seconds() const { return seconds_.load(); }
+
+ private:
+  void run();
+
+  std::vector<FileRange> ranges_;
+  const std::uint64_t max_bytes_;
+  const std::vector<int> cpus_;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> bytes_{0};
+  std::atomic<double> seconds_{0};
+  std::thread thread_;
+};
+
+}  // namespace mergepipe::io
