@@ -10,6 +10,7 @@ drifts: every ratio reported comes from measurements taken side by side.
   bench/run.py --suite all                 # everything below (35 min on 2 cores, 50 GB in --dir)
   bench/run.py --suite headline --reps 3   # K=20 TIES: full read vs 10% budget
   bench/run.py --quick                     # a small family, one repetition (a smoke run)
+  bench/run.py --report docs/bench/suite-all.csv --plots docs/bench   # tables and plots again
 
 Suites: headline, k (expert I/O and wall time vs K), budget (wall time and deviation vs budget,
 for linear, ties and dare_ties), ranks (1 and 2 ranks, threads), warm (compute-bound throughput
@@ -55,8 +56,12 @@ def tree_bytes(path):
 
 
 class Bench:
-    def __init__(self, args):
+    def __init__(self, args, rows=None):
         self.a = args
+        self.catalogs = {}  # family name -> sizes and build time of its catalog
+        if rows is not None:  # re-rendering a saved run: no build, no merges
+            self.rows = rows
+            return
         self.mp = os.path.join(args.build, "bin", "mergepipe")
         self.reader = os.path.join(args.build, "bin", "read_files")
         for exe in (self.mp, self.reader):
@@ -64,7 +69,6 @@ class Bench:
                 sys.exit(f"run.py: {exe} missing: build first (scripts/build.sh release)")
         os.makedirs(args.dir, exist_ok=True)
         self.rows = []
-        self.catalogs = {}  # family name -> sizes and build time of its catalog
         self.csv_file = open(args.csv, "w", newline="")
         self.csv = csv.DictWriter(self.csv_file, FIELDS)
         self.csv.writeheader()
@@ -450,7 +454,16 @@ def main():
     p.add_argument("--plots", default="bench-plots")
     p.add_argument("--quick", action="store_true",
                    help="small family (qwen3-0.6b shapes, 2 layers, hidden 512), K=4, one rep")
+    p.add_argument("--report", metavar="CSV",
+                   help="run nothing: print the tables and draw the plots of a saved CSV "
+                   "(the catalog table needs the live run and is left out)")
     a = p.parse_args()
+    if a.report:
+        with open(a.report, newline="") as f:
+            b = Bench(a, rows=list(csv.DictReader(f)))
+        b.report()
+        b.plots()
+        return
     if a.quick:
         a.family_experts, a.k_values, a.reps = 4, "2,4", 1
     a.k_values = [int(x) for x in a.k_values.split(",")]
