@@ -90,9 +90,10 @@ MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOp
     throw UsageError("merge: --catalog is required (or --full-read for the naive baseline)");
   const auto read_ahead = start_base_read_ahead(spec, ranks, placement);
   const auto load_start = std::chrono::steady_clock::now();
-  const Catalog catalog = io::load_catalog(o.catalog);
+  // Only the experts this merge uses: their statistics, their freshness.
+  const Catalog catalog = io::load_catalog(o.catalog, spec.expert_paths());
   pipeline.catalog_bytes = io::catalog_size_bytes(o.catalog);
-  io::check_catalog_fresh(catalog);
+  io::check_catalog_fresh(catalog, spec.expert_paths());
   const auto t0 = std::chrono::steady_clock::now();
   pipeline.catalog_load_seconds = std::chrono::duration<double>(t0 - load_start).count();
   const PlanRequest request = plan_request_for(spec, o.budget, o.max_error);

@@ -115,8 +115,9 @@ int cmd_plan(CommandContext& ctx) {
   auto failure = mpi::capture_failure([&] {
     if (!ctx.comm.is_root()) return;
     const MergeSpec spec = io::load_merge_config(o.config);
-    const Catalog catalog = io::load_catalog(o.catalog);
-    io::check_catalog_fresh(catalog);
+    // Only the experts this merge uses: their statistics, their freshness.
+    const Catalog catalog = io::load_catalog(o.catalog, spec.expert_paths());
+    io::check_catalog_fresh(catalog, spec.expert_paths());
     const PlanRequest request = plan_request_for(spec, o.budget, o.max_error);
     const auto t0 = std::chrono::steady_clock::now();
     Plan plan = make_plan(catalog, spec, request);

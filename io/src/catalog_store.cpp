@@ -659,7 +659,23 @@ void save_catalog(const Catalog& catalog, const std::string& path) {
   sync_directory(parent.string());
 }
 
-Catalog load_catalog(const std::string& path) {
+namespace {
+
+// selected[k]: expert k of `c` is in `only` (all when there is no selection).
+std::vector<bool> selected_experts(const Catalog& c, const ExpertSelection& only) {
+  std::vector<bool> selected(c.experts.size(), !only.has_value());
+  if (only) {
+    for (const std::string& dir : *only) {
+      const int k = c.find_expert(dir);
+      if (k >= 0) selected[static_cast<std::size_t>(k)] = true;
+    }
+  }
+  return selected;
+}
+
+}  // namespace
+
+Catalog load_catalog(const std::string& path, const ExpertSelection& only) {
   const fs::path dir(path);
   const std::string json_path = (dir / kCatalogJsonName).string();
   const std::string h5_path = (dir / kCatalogH5Name).string();
@@ -763,11 +779,13 @@ Catalog load_catalog(const std::string& path) {
   if (r.exists("/base/block_hash"))  // absent in catalogs from before it was recorded
     c.base_block_hashes = r.read<std::uint64_t>("/base/block_hash", nb);
 
+  const std::vector<bool> selected = selected_experts(c, only);
   for (std::size_t k = 0; k < c.experts.size(); ++k) {
     ExpertCatalog& e = c.experts[k];
     const std::string g = "/experts/" + expert_group_name(k);
     read_location(r, g, nt, e.location);
     check_location(e.location, g);
+    if (!selected[k]) continue;
     const auto l2 = r.read<double>(g + "/block_l2", nb);
     const auto max_abs = r.read<float>(g + "/block_max_abs", nb);
     const auto nonzero = r.read<std::uint64_t>(g + "/block_nonzero", nb);
@@ -811,7 +829,7 @@ Catalog load_catalog(const std::string& path) {
   return c;
 }
 
-void check_catalog_fresh(const Catalog& catalog) {
+void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only) {
   const auto check = [](const FileIdentity& recorded) {
     const std::string prefix = "stale catalog: " + recorded.path +
                                " changed since it was catalogued (size/mtime/header differ: ";
@@ -841,8 +859,11 @@ void check_catalog_fresh(const Catalog& catalog) {
     throw InputError(prefix + what + ")");
   };
   for (const FileIdentity& f : catalog.base.files) check(f);
-  for (const ExpertCatalog& e : catalog.experts)
-    for (const FileIdentity& f : e.location.files) check(f);
+  const std::vector<bool> selected = selected_experts(catalog, only);
+  for (std::size_t k = 0; k < catalog.experts.size(); ++k) {
+    if (!selected[k]) continue;
+    for (const FileIdentity& f : catalog.experts[k].location.files) check(f);
+  }
 }
 
 std::string describe_catalog(const Catalog& c) {

@@ -47,6 +47,13 @@ bool uses_dare(MergeMethod method) {
   return method == MergeMethod::kDareLinear || method == MergeMethod::kDareTies;
 }
 
+std::vector<std::string> MergeSpec::expert_paths() const {
+  std::vector<std::string> paths;
+  paths.reserve(experts.size());
+  for (const ExpertSpec& e : experts) paths.push_back(e.path);
+  return paths;
+}
+
 void MergeSpec::validate() const {
   if (experts.empty()) throw UsageError("config: 'models' lists no expert to merge");
   double weight_sum = 0;

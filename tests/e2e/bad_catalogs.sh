@@ -51,6 +51,12 @@ with open(sys.argv[1], 'r+b') as f:
 merge_refused "stale catalog: .*/fam/expert01/model-00002-of-00004\.safetensors changed since it was catalogued \(size/mtime/header differ: mtime\)"
 expect_exit 3 "stale catalog: .*/fam/expert01/model-00002-of-00004\.safetensors changed" \
   run_np 2 catalog --check cat
+# A merge that does not use the changed expert reads none of it: it runs, on the same catalog.
+write_config only0.yaml linear fam 1
+run_np 2 merge only0.yaml --catalog cat --out out0 --quiet ||
+  fail "a merge of expert00 was refused because expert01 changed"
+[[ -f out0/mergepipe.manifest.json ]] || fail "the merge of expert00 published nothing"
+rm -rf out0
 # Replaced by a file with another header (an F16 copy of one tensor's header entry).
 "$PYTHON" "$TESTS_DIR/python/corrupt_checkpoint.py" set "$shard" model.layers.0.mlp.down_proj.weight \
   dtype '"F16"' >/dev/null

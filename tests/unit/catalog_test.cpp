@@ -19,6 +19,8 @@
 #include "mergepipe/io/catalog_store.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/safetensors.hpp"
+#include "mergepipe/merge_spec.hpp"
+#include "mergepipe/planner.hpp"
 #include "mergepipe/structure_match.hpp"
 #include "unit/checkpoint_test_util.hpp"
 
@@ -373,6 +375,41 @@ TEST(CatalogStore, RoundTripKeepsEveryField) {
   expect_same_catalog(smaller, io::load_catalog(path));
 }
 
+TEST(CatalogStore, LoadsStatisticsOnlyForTheSelectedExperts) {
+  TempDir tmp;
+  const Catalog c = synthetic_catalog();
+  const std::string path = tmp.file("cat");
+  io::save_catalog(c, path);
+
+  // Selected by another spelling of the same folder, as a config may name it.
+  const Catalog one = io::load_catalog(path, std::vector<std::string>{"/data//expert0/"});
+  ASSERT_EQ(one.experts.size(), 2u);
+  EXPECT_EQ(one.experts[0], c.experts[0]);
+  EXPECT_EQ(one.experts[1].location, c.experts[1].location);  // found by find_expert
+  EXPECT_EQ(one.experts[1].nonfinite, c.experts[1].nonfinite);
+  EXPECT_TRUE(one.experts[1].blocks.empty());
+  EXPECT_TRUE(one.experts[1].sketches.empty());
+  EXPECT_EQ(one.find_expert("/data/expert1"), 1);  // plan indices stay those of the catalog
+
+  // The planner uses what was loaded and refuses what was not.
+  MergeSpec spec;
+  spec.base_model = "/data/base";
+  spec.experts = {{"/data/expert0", 1.0, 1.0}};
+  const Plan plan = make_plan(one, spec, PlanRequest{});
+  EXPECT_EQ(plan_to_json(plan), plan_to_json(make_plan(c, spec, PlanRequest{})));
+  spec.experts = {{"/data/expert1", 1.0, 1.0}};
+  const std::string msg = error_message<InputError>([&] { make_plan(one, spec, PlanRequest{}); });
+  EXPECT_NE(msg.find("expert '/data/expert1' has statistics for 0 blocks"), std::string::npos)
+      << msg;
+
+  // No selection and a selection of every expert load the same catalog; a folder the catalog
+  // does not hold selects nothing (the planner names it).
+  expect_same_catalog(
+      c, io::load_catalog(path, std::vector<std::string>{"/data/expert1", "/data/expert0"}));
+  const Catalog none = io::load_catalog(path, std::vector<std::string>{"/data/other"});
+  for (const ExpertCatalog& e : none.experts) EXPECT_TRUE(e.blocks.empty());
+}
+
 TEST(CatalogStore, RefusesToReplaceAForeignFolder) {
   TempDir tmp;
   fs::create_directories(tmp.file("precious"));
@@ -438,6 +475,11 @@ TEST(CatalogStore, StaleFilesAreDetected) {
   std::string msg = error_message<InputError>([&] { io::check_catalog_fresh(c); });
   EXPECT_EQ(msg, "stale catalog: " + expert_file +
                      " changed since it was catalogued (size/mtime/header differ: mtime)");
+  // A merge that does not use the expert is not affected; one that does is refused.
+  EXPECT_NO_THROW(io::check_catalog_fresh(c, std::vector<std::string>{}));
+  EXPECT_EQ(error_message<InputError>(
+                [&] { io::check_catalog_fresh(c, std::vector<std::string>{tmp.file("e0")}); }),
+            msg);
 
   // Rewritten with another shape: size and header differ too.
   write_checkpoint(tmp.file("e0"), {{"w", DType::kBF16, {4, 9}}, tensors[1]},

@@ -39,6 +39,8 @@ struct MergeSpec {
   std::optional<std::string> budget;  // as written ("25%", "12GiB", ...)
 
   bool effective_normalize() const { return normalize.value_or(default_normalize(method)); }
+  // The experts' folders, in config order.
+  std::vector<std::string> expert_paths() const;
   // Throws UsageError naming the problem: no experts, weight not finite, density outside (0, 1],
   // lambda not finite, a zero weight sum where normalize needs it.
   void validate() const;
