@@ -5,11 +5,13 @@
 
 namespace mergepipe::io {
 
+static_assert(kDirectAlignment == kInPlaceAlignment, "in-place reads are direct reads");
+
 CheckpointBlockReader::CheckpointBlockReader(const CheckpointLocation& base,
                                              const std::vector<CheckpointLocation>& experts,
                                              ByteCounters& counters, ExpertAccess access,
                                              InputIo input_io)
-    : base_(open(base, true, input_io)), counters_(counters) {
+    : base_(open(base, access != ExpertAccess::kHeldWindows, input_io)), counters_(counters) {
   experts_.reserve(experts.size());
   for (const auto& e : experts)
     experts_.push_back(open(e, access == ExpertAccess::kWholeFiles, input_io));
@@ -65,14 +67,33 @@ const CheckpointBlockReader::Opened& CheckpointBlockReader::opened(SourceId sour
                                           : experts_.at(static_cast<std::size_t>(source.expert));
 }
 
-void CheckpointBlockReader::read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
-                                 std::span<std::byte> dst) {
-  const Opened& o = opened(source);
+std::pair<std::uint32_t, std::uint64_t> CheckpointBlockReader::locate(
+    const Opened& o, std::uint32_t tensor, std::uint64_t byte_begin) const {
   const CheckpointLocation& loc = *o.location;
   if (tensor >= loc.tensor_file.size())
     throw InputError(loc.dir + ": no location for tensor #" + std::to_string(tensor));
-  const std::uint32_t shard = loc.tensor_file[tensor];
-  const std::uint64_t offset = loc.tensor_offset[tensor] + byte_begin;
+  return {loc.tensor_file[tensor], loc.tensor_offset[tensor] + byte_begin};
+}
+
+std::uint64_t CheckpointBlockReader::in_place_phase(SourceId source, std::uint32_t tensor) const {
+  return locate(opened(source), tensor, 0).second % kInPlaceAlignment;
+}
+
+void CheckpointBlockReader::read_in_place(SourceId source, std::uint32_t tensor,
+                                          std::uint64_t byte_begin, std::span<std::byte> dst) {
+  const Opened& o = opened(source);
+  const auto [shard, offset] = locate(o, tensor, byte_begin);
+  const File& direct = o.direct.at(shard);
+  if (!direct.is_open() || !direct.read_direct_in_place(offset, dst))
+    o.files.at(shard).read_at(offset, dst);
+  counters_.add(source.expert == SourceId::kBase ? ByteCategory::kBase : ByteCategory::kExpert,
+                dst.size());
+}
+
+void CheckpointBlockReader::read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+                                 std::span<std::byte> dst) {
+  const Opened& o = opened(source);
+  const auto [shard, offset] = locate(o, tensor, byte_begin);
   // One scratch per I/O thread, kept for the thread's life.
   thread_local AlignedBuffer scratch;
   const File& direct = o.direct.at(shard);

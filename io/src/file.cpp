@@ -133,6 +133,21 @@ bool File::read_at_direct(std::uint64_t offset, std::span<std::byte> dst,
   return true;
 }
 
+bool File::read_direct_in_place(std::uint64_t offset, std::span<std::byte> dst) const {
+  const std::uint64_t begin = offset / kDirectAlignment * kDirectAlignment;
+  const std::uint64_t end = offset + dst.size();
+  const std::uint64_t aligned_end =
+      (end + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+  std::byte* aligned = dst.data() - (offset - begin);
+  if (reinterpret_cast<std::uintptr_t>(aligned) % kDirectAlignment != 0)
+    throw IoError(path_ + ": in-place direct read into unaligned memory (a bug)");
+  const std::size_t got = read_until_end(
+      begin, std::span(aligned, static_cast<std::size_t>(aligned_end - begin)), true);
+  if (got == SIZE_MAX) return false;
+  if (begin + got < end) throw_truncated(path_, begin + got, end - (begin + got));
+  return true;
+}
+
 void File::write_at(std::uint64_t offset, std::span<const std::byte> src) const {
   std::size_t done = 0;
   int eio_retries = 0;

@@ -95,9 +95,14 @@ void BlockStream::read_piece(const Piece& piece) {
   ByteBuffer& dst = piece.source == SourceId::kBase
                         ? block.base
                         : block.experts[static_cast<std::size_t>(piece.source)];
+  const SourceId source{piece.source};
+  const std::uint64_t begin = blk.byte_begin + block.byte_offset;
+  if (std::byte* held = reader_.view(source, blk.tensor, begin, block.byte_length)) {
+    dst.show(held, block.byte_length);
+    return;
+  }
   dst.resize(block.byte_length);
-  reader_.read(SourceId{piece.source}, blk.tensor, blk.byte_begin + block.byte_offset,
-               std::span<std::byte>(dst));
+  reader_.read(source, blk.tensor, begin, std::span<std::byte>(dst));
 }
 
 void BlockStream::io_loop() {

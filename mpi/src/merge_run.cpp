@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <future>
 #include <map>
@@ -25,6 +26,7 @@
 #include "mergepipe/mpi/packing.hpp"
 #include "mergepipe/mpi/partition.hpp"
 #include "mergepipe/mpi/run_monitor.hpp"
+#include "mergepipe/retained_window.hpp"
 #include "mergepipe/thread_name.hpp"
 #include "mergepipe/threshold_scan.hpp"
 
@@ -33,6 +35,9 @@ namespace mergepipe::mpi {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// Largest request of a held window's read: large enough for the device, small enough that the
+// I/O threads share a window's ranges.
+constexpr std::uint64_t kHeldRequestBytes = std::uint64_t{8} << 20;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -336,6 +341,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   ExecutionStats stats;
   double scan_seconds = 0, scan_read_wait = 0;
   std::uint64_t input_files = 0, input_files_direct = 0;
+  std::uint64_t window_count = 0, held_shares = 0, held_bytes = 0;
   auto failure = capture_failure([&] {
     io::JournalWriter journal(options.output_dir, comm.rank());
     io::CheckpointBlockReader reader(
@@ -404,7 +410,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     const auto windows =
         make_windows(pending_tensors, task.tensors, experts + 1,
                      options.window_bytes * static_cast<std::uint64_t>(comm.size()));
-    auto share_of = [&](const std::vector<std::uint32_t>& window) {
+    window_count = windows.size();
+    auto blocks_of = [&](const std::vector<std::uint32_t>& window) {
       std::vector<std::uint32_t> blocks;
       std::vector<std::uint64_t> costs;
       for (std::uint32_t t : window)
@@ -417,33 +424,90 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
           partition_by_cost(costs, comm.size())[static_cast<std::size_t>(comm.rank())];
       return std::vector<std::uint32_t>(blocks.begin() + r.begin, blocks.begin() + r.end);
     };
-    // Scanning and merging a window read it from the page cache, so the storage would sit idle
-    // meanwhile: have the kernel fetch this rank's share of the next window while this one is
-    // scanned and merged (started only after the scan, the fetch overlapped half the CPU work
-    // and a full-read TIES took ~1.5x its I/O time).
-    std::future<void> next_window;
-    auto read_ahead = [&](std::vector<std::uint32_t> share) {
-      name_this_thread("mp-fetch");
-      for (std::uint32_t b : share) {
+    // A window's share is either held: read once, each byte by one large request, into memory
+    // the scan and the merge both use (two buffers, so the next window is read while this one
+    // is scanned and merged); or, when it is larger than a buffer (an embedding matrix), read
+    // twice from the page cache, which the kernel fills in advance.
+    struct Share {
+      std::vector<std::uint32_t> to_scan, to_merge;
+      std::vector<HeldRange> ranges;  // empty: not held
+    };
+    std::optional<io::CheckpointBlockReader> held_reader;
+    if (options.hold_windows)
+      held_reader.emplace(task.base, task.experts, io::global_byte_counters(),
+                          io::CheckpointBlockReader::ExpertAccess::kHeldWindows, options.input_io);
+    if (held_reader) input_files_direct = held_reader->direct_files();
+    auto share_of = [&](std::size_t w) {
+      Share share;
+      for (std::uint32_t b : blocks_of(windows[w])) {
+        const bool needs_scan = !thresholds.count(blocking.blocks[b].tensor);
+        const bool needs_merge = !done.count(b);
+        if (needs_scan) share.to_scan.push_back(b);
+        if (needs_merge) share.to_merge.push_back(b);
+        if (!held_reader || !(needs_scan || needs_merge)) continue;
         const Block& blk = blocking.blocks[b];
-        if (!thresholds.count(blk.tensor))
-          for (int source = SourceId::kBase; source < static_cast<int>(experts); ++source)
-            reader.prefetch(SourceId{source}, blk.tensor, blk.byte_begin, blk.byte_length);
+        // Consecutive blocks of a tensor are one range per source.
+        if (!share.ranges.empty() && share.ranges.back().tensor == blk.tensor &&
+            share.ranges.back().byte_begin + share.ranges.back().length == blk.byte_begin) {
+          for (std::size_t i = share.ranges.size() - experts - 1; i < share.ranges.size(); ++i)
+            share.ranges[i].length += blk.byte_length;
+          continue;
+        }
+        for (int source = SourceId::kBase; source < static_cast<int>(experts); ++source)
+          share.ranges.push_back({SourceId{source}, blk.tensor, blk.byte_begin, blk.byte_length});
+      }
+      if (held_reader &&
+          RetainedWindow::footprint(*held_reader, share.ranges) > options.window_bytes * 5 / 4)
+        share.ranges.clear();
+      return share;
+    };
+    std::array<RetainedWindow, 2> held;
+    std::size_t held_count = 0;  // held windows so far: window i uses held[i % 2]
+    // Scanning and merging a window that is not held reads it from the page cache, so the
+    // storage would sit idle meanwhile: have the kernel fetch this rank's share of the next
+    // window while this one is scanned and merged (started only after the scan, the fetch
+    // overlapped half the CPU work and a full-read TIES took ~1.5x its I/O time).
+    auto fetch = [&](const Share& share, RetainedWindow* into) {
+      name_this_thread("mp-fetch");
+      if (into) {
+        into->fill(*held_reader, share.ranges, options.io_threads, kHeldRequestBytes);
+        return;
+      }
+      for (std::uint32_t b : share.to_scan) {
+        const Block& blk = blocking.blocks[b];
+        for (int source = SourceId::kBase; source < static_cast<int>(experts); ++source)
+          reader.prefetch(SourceId{source}, blk.tensor, blk.byte_begin, blk.byte_length);
       }
     };
+    Share next = windows.empty() ? Share{} : share_of(0);
+    RetainedWindow* next_held = nullptr;
+    std::future<void> fetching;  // declared after what it uses: its destructor waits for it
+    if (!next.ranges.empty()) next_held = &held[held_count++ % 2];
+    if (next_held) fetching = std::async(std::launch::async, fetch, std::cref(next), next_held);
     for (std::size_t w = 0; w < windows.size(); ++w) {
-      const std::vector<std::uint32_t> share = share_of(windows[w]);
-      std::vector<std::uint32_t> to_scan, to_merge;
-      for (std::uint32_t b : share) {
-        if (!thresholds.count(blocking.blocks[b].tensor)) to_scan.push_back(b);
-        if (!done.count(b)) to_merge.push_back(b);
+      // A failed read of a held window ends the merge on every rank, not just this one.
+      comm.check(capture_failure([&] {
+                   if (fetching.valid()) fetching.get();
+                 }),
+                 "read a window");
+      Share share = std::move(next);
+      RetainedWindow* const this_held = next_held;
+      if (this_held) {
+        ++held_shares;
+        for (const HeldRange& r : share.ranges) held_bytes += r.length;
       }
-      if (next_window.valid()) next_window.get();
-      if (w + 1 < windows.size())
-        next_window = std::async(std::launch::async, read_ahead, share_of(windows[w + 1]));
+      BlockReader& source = this_held ? static_cast<BlockReader&>(*this_held) : reader;
+      next_held = nullptr;
+      if (w + 1 < windows.size()) {
+        next = share_of(w + 1);
+        if (!next.ranges.empty()) next_held = &held[held_count++ % 2];
+        fetching = std::async(std::launch::async, fetch, std::cref(next), next_held);
+      }
+      std::vector<std::uint32_t>& to_scan = share.to_scan;
+      std::vector<std::uint32_t>& to_merge = share.to_merge;
       const auto ts = Clock::now();
       ScanResult part;
-      comm.check(capture_failure([&] { part = scan_sketches(scan, to_scan, reader); }),
+      comm.check(capture_failure([&] { part = scan_sketches(scan, to_scan, source); }),
                  "scan thresholds");
       scan_read_wait += part.read_wait_seconds;
       // Combine every rank's part of each tensor's sketches: integer counts, so the result does
@@ -488,7 +552,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         for (std::size_t k = 0; k < experts; ++k)
           if (!changed[k]) unchanged_pairs[std::size_t{block} * experts + k] = 1;
       std::optional<Error> merge_failure = capture_failure(
-          [&] { add(stats, execute_blocks(job, to_merge, reader, sink, &observer)); });
+          [&] { add(stats, execute_blocks(job, to_merge, source, sink, &observer)); });
       comm.check(merge_failure, "merge");
     }
   });
@@ -542,6 +606,9 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.max_rss_bytes = comm.allreduce_max(peak_rss_bytes(), "reduce rss");
   result.input_files = comm.allreduce_sum(input_files, "reduce input files");
   result.input_files_direct = comm.allreduce_sum(input_files_direct, "reduce input files");
+  result.windows = window_count;
+  result.held_shares = comm.allreduce_sum(held_shares, "reduce held windows");
+  result.held_bytes = comm.allreduce_sum(held_bytes, "reduce held windows");
   return result;
 }
 

@@ -15,15 +15,19 @@ for method in linear task_arithmetic ties dare_linear dare_ties; do
   [[ -f "full-$method/config.json" && -f "full-$method/mergepipe.manifest.json" ]] || fail "$method: folder incomplete"
 done
 
-# A full-read TIES reads every expert block once to find its thresholds, then again to merge it,
-# except the blocks that scan found bit-identical to the base: on the catalog's blocking, the
-# second pass reads exactly the non-zero pairs a 100% budget reads, and gives the same bytes.
+# A full-read TIES holds each window in memory for the threshold scan and the merge (the tiny
+# family's windows all fit), so it reads every expert byte once, as a full-read linear merge
+# does, and on the catalog's blocking gives the bytes of a 100% budget.
 run_np 2 merge ties.yaml --full-read --block-bytes 4096 --out naive-ties-4k --quiet
 same_model_files full-ties naive-ties-4k
 expert_bytes() { "$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['bytes_read']['expert'])" "$1/mergepipe.manifest.json"; }
-once=$(expert_bytes naive-linear) nonzero=$(expert_bytes full-ties) twice=$(expert_bytes naive-ties-4k)
-((nonzero < once)) || fail "the family has no all-zero expert blocks ($nonzero of $once bytes non-zero)"
-((twice == once + nonzero)) || fail "full-read TIES read $twice expert bytes, expected $once + $nonzero"
+windows() { "$PYTHON" -c "import json,sys; w=json.load(open(sys.argv[1]))['full_read_windows']; print(w['windows'], w['held_shares'], w['held_bytes'])" "$1/mergepipe.manifest.json"; }
+once=$(expert_bytes naive-linear) ties_once=$(expert_bytes naive-ties-4k)
+((ties_once == once)) || fail "full-read TIES read $ties_once expert bytes, expected $once"
+read -r count held held_bytes <<<"$(windows naive-ties-4k)"
+((count >= 1 && held == 2 * count)) || fail "full-read TIES held $held of 2 x $count window shares"
+((held_bytes > once)) || fail "held windows hold $held_bytes bytes, less than the experts' $once"
+[[ "$(windows naive-linear)" == "0 0 0" ]] || fail "a linear full read reports held windows: $(windows naive-linear)"
 
 # Rank and thread invariance at a partial budget.
 write_config ties.yaml ties fam 4

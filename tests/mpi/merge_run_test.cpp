@@ -334,21 +334,38 @@ TEST(MPI, FullReadTiesScansThresholdsFromTheData) {
   int ok = 1;
   std::vector<std::string> hashes;
   std::vector<float> thresholds;
-  for (std::uint64_t window : {std::uint64_t{1}, std::uint64_t{1} << 30}) {
-    const std::string out = dir + "/scan" + std::to_string(window);
-    if (comm.is_root()) fs::create_directories(out);
-    comm.barrier("mkdir");
-    mpi::MergeRunOptions options;
-    options.output_dir = out;
-    options.window_bytes = window;
-    const mpi::MergeRunResult r = mpi::run_merge(comm, task, options);
-    if (comm.is_root()) {
-      ok &= r.thresholds.size() == 3 * task.tensors.size();
-      if (!hashes.empty()) ok &= r.tensor_hashes == hashes && r.thresholds == thresholds;
-      hashes = r.tensor_hashes;
-      thresholds = r.thresholds;
+  std::uint64_t all_experts = 0;
+  for (const auto& t : task.tensors) all_experts += 3 * t.nbytes();
+  // Windows of one tensor (too small to hold: read twice, through the page cache), of a few
+  // tensors (some shares held, which ones depends on the rank count), and of everything (all
+  // held, or none when holding is off).
+  bool saw_mixed = false;
+  for (const bool hold : {true, false}) {
+    for (std::uint64_t window : {std::uint64_t{1}, std::uint64_t{20000}, std::uint64_t{30000},
+                                 std::uint64_t{60000}, std::uint64_t{1} << 30}) {
+      const std::string out = dir + "/scan" + std::to_string(window) + (hold ? "h" : "");
+      if (comm.is_root()) fs::create_directories(out);
+      comm.barrier("mkdir");
+      mpi::MergeRunOptions options;
+      options.output_dir = out;
+      options.window_bytes = window;
+      options.hold_windows = hold;
+      const mpi::MergeRunResult r = mpi::run_merge(comm, task, options);
+      if (comm.is_root()) {
+        ok &= r.thresholds.size() == 3 * task.tensors.size();
+        if (!hashes.empty()) ok &= r.tensor_hashes == hashes && r.thresholds == thresholds;
+        hashes = r.tensor_hashes;
+        thresholds = r.thresholds;
+        const bool all_held = hold && window > (1u << 20);
+        if (all_held) ok &= r.held_shares >= r.windows && r.bytes.expert == all_experts;
+        if (!hold || window == 1) ok &= r.held_shares == 0 && r.bytes.expert > all_experts;
+        saw_mixed =
+            saw_mixed || (r.held_shares > 0 &&
+                          r.held_shares < r.windows * static_cast<std::uint64_t>(comm.size()));
+      }
     }
   }
+  if (comm.is_root()) ok &= saw_mixed;
   // The same task with those thresholds given reads every expert once and writes the same bytes.
   if (comm.is_root()) task.plan.thresholds = thresholds;
   std::string packed(reinterpret_cast<const char*>(thresholds.data()), thresholds.size() * 4);
@@ -364,8 +381,6 @@ TEST(MPI, FullReadTiesScansThresholdsFromTheData) {
   if (comm.is_root()) {
     ok &= given.tensor_hashes == hashes;
     ok &= given.thresholds.empty();
-    std::uint64_t all_experts = 0;
-    for (const auto& t : task.tensors) all_experts += 3 * t.nbytes();
     ok &= given.bytes.expert == all_experts;
     std::error_code ec;
     fs::remove_all(dir, ec);

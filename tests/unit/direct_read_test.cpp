@@ -2,15 +2,19 @@
 // page-cache probe that decides when --input-io auto reads around the cache.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "checkpoint_test_util.hpp"
 #include "mergepipe/error.hpp"
+#include "mergepipe/io/checkpoint_reader.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/page_residency.hpp"
+#include "mergepipe/retained_window.hpp"
 
 namespace mergepipe::io {
 namespace {
@@ -52,6 +56,34 @@ TEST(DirectRead, MatchesTheFileAtUnalignedOffsetsAndLengths) {
   EXPECT_EQ(scratch.capacity() % kDirectAlignment, 0u);
 }
 
+// In place: the device writes the enclosing pages into the caller's aligned memory, and the
+// requested bytes land at the requested address (the ones around it are the file's too).
+TEST(DirectRead, InPlaceLandsTheBytesWhereAskedAndOnlyInTheirPages) {
+  test::TempDir dir;
+  const std::string bytes = pattern(5 * 4096 + 321);
+  const std::string path = cold_file(dir, bytes);
+  File direct = File::open_direct(path);
+  if (!direct.is_open())
+    GTEST_SKIP() << "the file system under " << dir.path() << " refuses O_DIRECT";
+  AlignedBuffer memory;
+  memory.reserve(8 * 4096);
+  const std::vector<std::pair<std::size_t, std::size_t>> ranges = {
+      {0, 1}, {1, 4095}, {4095, 2}, {4096, 4096}, {100, 3 * 4096}, {bytes.size() - 7, 7}};
+  for (const auto& [offset, length] : ranges) {
+    std::fill(memory.data(), memory.data() + 8 * 4096, std::byte{0xee});
+    // Page 1 of `memory` corresponds to the file page holding `offset`.
+    std::byte* dst = memory.data() + 4096 + offset % 4096;
+    ASSERT_TRUE(direct.read_direct_in_place(offset, std::span(dst, length)));
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(dst), length), bytes.substr(offset, length))
+        << "offset " << offset << " length " << length;
+    EXPECT_EQ(memory.data()[4095], std::byte{0xee}) << "wrote before its first page";
+    const std::size_t pages = (offset % 4096 + length + 4095) / 4096;
+    EXPECT_EQ(memory.data()[4096 + pages * 4096], std::byte{0xee}) << "wrote past its last page";
+  }
+  std::byte* misaligned = memory.data() + 4096 + 1;
+  EXPECT_THROW(direct.read_direct_in_place(0, std::span(misaligned, 10)), IoError);
+}
+
 TEST(DirectRead, PastTheEndIsAnInputErrorNamingTheFile) {
   test::TempDir dir;
   const std::string bytes = pattern(5000);
@@ -87,6 +119,50 @@ TEST(DirectRead, BypassesThePageCacheThatBufferedReadsFill) {
   EXPECT_EQ(cached_bytes(buffered), 0u);
   buffered.read_at(0, std::span(out).subspan(0, 8 * 4096));
   EXPECT_GE(cached_bytes(buffered), 8u * 4096);
+}
+
+// A held window filled by the held-windows reader (O_DIRECT in place where the file system
+// allows it) holds what plain reads return, and the bytes are counted once, as base and expert.
+TEST(DirectRead, HeldWindowsHoldWhatPlainReadsReturn) {
+  test::TempDir dir;
+  const std::string base_bytes = pattern(40000), expert_bytes = pattern(40000 + 13).substr(13);
+  test::write_file(dir.file("base.bin"), base_bytes);
+  test::write_file(dir.file("expert.bin"), expert_bytes);
+  auto location = [&](const std::string& name) {
+    CheckpointLocation loc;
+    loc.dir = dir.path();
+    loc.shard_names = {name};
+    loc.files = {stat_identity(dir.file(name))};
+    loc.tensor_file = {0, 0};
+    loc.tensor_offset = {100, 9000};  // tensor 1 starts 808 bytes into a page
+    return loc;
+  };
+  // The readers keep pointers to the locations.
+  const CheckpointLocation base = location("base.bin");
+  const std::vector<CheckpointLocation> experts = {location("expert.bin")};
+  ByteCounters counters;
+  CheckpointBlockReader held(base, experts, counters,
+                             CheckpointBlockReader::ExpertAccess::kHeldWindows, InputIo::kDirect);
+  ByteCounters plain_counters;
+  CheckpointBlockReader plain(base, experts, plain_counters);
+  EXPECT_EQ(held.in_place_phase(SourceId{0}, 1), 9000u % 4096);
+  const std::vector<HeldRange> ranges = {{SourceId{SourceId::kBase}, 0, 0, 8900},
+                                         {SourceId{0}, 1, 5, 20000},
+                                         {SourceId{SourceId::kBase}, 1, 20000, 11000}};
+  RetainedWindow window;
+  window.fill(held, ranges, 3, 8192);
+  std::uint64_t base_total = 0, expert_total = 0;
+  for (const HeldRange& r : ranges) {
+    std::vector<std::byte> expected(r.length);
+    plain.read(r.source, r.tensor, r.byte_begin, expected);
+    EXPECT_EQ(std::memcmp(window.view(r.source, r.tensor, r.byte_begin, r.length), expected.data(),
+                          r.length),
+              0)
+        << "tensor " << r.tensor << " from " << r.byte_begin;
+    (r.source.expert == SourceId::kBase ? base_total : expert_total) += r.length;
+  }
+  EXPECT_EQ(counters.snapshot().base, base_total);
+  EXPECT_EQ(counters.snapshot().expert, expert_total);
 }
 
 TEST(DirectRead, CachedBytesOfAnEmptyFileIsZero) {

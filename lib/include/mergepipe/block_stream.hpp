@@ -32,6 +32,10 @@ struct SourceId {
   int expert = kBase;
 };
 
+// Page size of in-place reads: O_DIRECT needs buffer, offset and length aligned to the device's
+// logical block, 512 B or 4 KiB.
+inline constexpr std::uint64_t kInPlaceAlignment = 4096;
+
 class BlockReader {
  public:
   virtual ~BlockReader() = default;
@@ -43,6 +47,26 @@ class BlockReader {
   // the background. Thread-safe; may take a while (call it off the critical path).
   virtual void prefetch(SourceId /*source*/, std::uint32_t /*tensor*/, std::uint64_t /*byte_begin*/,
                         std::uint64_t /*length*/) {}
+  // Bytes this reader already holds in memory, used where they are instead of copied: the
+  // address of `length` bytes of the tensor from `byte_begin`, valid as long as the reader, or
+  // null when it does not hold them (then read() them).
+  virtual std::byte* view(SourceId /*source*/, std::uint32_t /*tensor*/,
+                          std::uint64_t /*byte_begin*/, std::uint64_t /*length*/) {
+    return nullptr;
+  }
+  // In-place reads, for memory the caller keeps (RetainedWindow): where tensor byte 0 lies
+  // within its file's kInPlaceAlignment-sized pages (0 for readers without files) ...
+  virtual std::uint64_t in_place_phase(SourceId /*source*/, std::uint32_t /*tensor*/) const {
+    return 0;
+  }
+  // ... and read() into `dst` whose surroundings out to those page boundaries the reader may
+  // overwrite: dst.data() - (phase + byte_begin) % kInPlaceAlignment is aligned to it, and the
+  // memory up to the page boundary after the last byte is the caller's. A storage reader can
+  // then have the device write there directly (O_DIRECT) instead of copying from a scratch.
+  virtual void read_in_place(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+                             std::span<std::byte> dst) {
+    read(source, tensor, byte_begin, dst);
+  }
   // Where those bytes live, for error messages ("dir/model.safetensors bytes a..b").
   virtual std::string describe(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
                                std::uint64_t length) const = 0;
@@ -50,19 +74,27 @@ class BlockReader {
 
 // A byte buffer that keeps its capacity and never zero-fills: every byte is overwritten by a
 // read before use, and zeroing (plus the page faults of fresh memory) cost as much as a copy.
+// It can instead show bytes held elsewhere (BlockReader::view) without owning or copying them.
 class ByteBuffer {
  public:
-  std::byte* data() noexcept { return data_.get(); }
-  const std::byte* data() const noexcept { return data_.get(); }
+  std::byte* data() noexcept { return view_ ? view_ : data_.get(); }
+  const std::byte* data() const noexcept { return view_ ? view_ : data_.get(); }
   std::size_t size() const noexcept { return size_; }
-  std::byte& operator[](std::size_t i) noexcept { return data_[i]; }
-  const std::byte& operator[](std::size_t i) const noexcept { return data_[i]; }
-  // New size; the contents are unspecified afterwards when it grows past the capacity.
+  std::byte& operator[](std::size_t i) noexcept { return data()[i]; }
+  const std::byte& operator[](std::size_t i) const noexcept { return data()[i]; }
+  // New size of its own memory (a view ends); the contents are unspecified afterwards when it
+  // grows past the capacity.
   void resize(std::size_t n) {
+    view_ = nullptr;
     if (n > capacity_) {
       data_.reset(new std::byte[n]);
       capacity_ = n;
     }
+    size_ = n;
+  }
+  // Shows n bytes at `bytes` (which must outlive the view) instead of its own memory.
+  void show(std::byte* bytes, std::size_t n) noexcept {
+    view_ = bytes;
     size_ = n;
   }
   operator std::span<std::byte>() noexcept { return {data(), size_}; }
@@ -70,6 +102,7 @@ class ByteBuffer {
 
  private:
   std::unique_ptr<std::byte[]> data_;
+  std::byte* view_ = nullptr;
   std::size_t size_ = 0, capacity_ = 0;
 };
 

@@ -25,7 +25,9 @@ namespace mergepipe::io {
 class CheckpointBlockReader : public BlockReader {
  public:
   // `experts[k]` is expert k in plan order. Opens every shard read-only.
-  enum class ExpertAccess { kExactRanges, kWholeFiles };
+  // kHeldWindows: the base and the experts are read in large ranges into memory that is kept
+  // (RetainedWindow), all through O_DIRECT as `input_io` says, none with read-ahead.
+  enum class ExpertAccess { kExactRanges, kWholeFiles, kHeldWindows };
   CheckpointBlockReader(const CheckpointLocation& base,
                         const std::vector<CheckpointLocation>& experts, ByteCounters& counters,
                         ExpertAccess access = ExpertAccess::kExactRanges,
@@ -37,6 +39,9 @@ class CheckpointBlockReader : public BlockReader {
             std::span<std::byte> dst) override;
   void prefetch(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
                 std::uint64_t length) override;
+  std::uint64_t in_place_phase(SourceId source, std::uint32_t tensor) const override;
+  void read_in_place(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+                     std::span<std::byte> dst) override;
   std::string describe(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
                        std::uint64_t length) const override;
 
@@ -48,6 +53,9 @@ class CheckpointBlockReader : public BlockReader {
   };
   Opened open(const CheckpointLocation& location, bool sequential, InputIo input_io);
   const Opened& opened(SourceId source) const;
+  // The shard and the file offset of a tensor's byte; InputError when the tensor has no place.
+  std::pair<std::uint32_t, std::uint64_t> locate(const Opened& o, std::uint32_t tensor,
+                                                 std::uint64_t byte_begin) const;
 
   Opened base_;
   std::vector<Opened> experts_;

@@ -39,6 +39,10 @@ class File {
   // nothing, when the device refuses the aligned request (EINVAL: a logical block larger than
   // 4 KiB); the caller then reads through the page cache.
   bool read_at_direct(std::uint64_t offset, std::span<std::byte> dst, AlignedBuffer& scratch) const;
+  // The same without the scratch: the device writes the enclosing aligned range straight into
+  // the memory around `dst`, so dst.data() - offset % kDirectAlignment must be aligned and the
+  // memory up to the next boundary after dst's end writable (its bytes become the file's).
+  bool read_direct_in_place(std::uint64_t offset, std::span<std::byte> dst) const;
   void write_at(std::uint64_t offset, std::span<const std::byte> src) const;
   // kAppend files: one write(2) of all of `src` (short writes are an IoError, never retried in
   // pieces, so a record is either whole or torn at the very end of the file).

@@ -7,10 +7,12 @@
 // blocks they claim are read back from the output files and hashed; the ones that match are kept
 // and only the rest is merged (the output is byte-identical to an uninterrupted run).
 //
-// A --full-read TIES task (no catalog) gets its trimming thresholds from the data: each rank
-// takes whole tensors and, window by window, scans the window's expert blocks for the thresholds
-// and then merges them; the second read of a window finds its bytes still in the page cache, so
-// storage is read once (a window is at most `window_bytes` of input, or one tensor).
+// A --full-read TIES task (no catalog) gets its trimming thresholds from the data: window by
+// window (consecutive tensors of at most `window_bytes` of input per rank, or one tensor), each
+// rank scans its share of the window's blocks for the thresholds and then merges it. A share
+// that fits in memory is held there (read once, by large requests, O_DIRECT as `input_io` says)
+// while the next one is read; a larger one (an embedding matrix) is read twice, the second time
+// from the page cache.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -37,11 +39,13 @@ struct MergeRunOptions {
   std::vector<std::pair<std::string, std::string>> mpiio_hints;
   bool resume = false;  // output_dir holds an earlier attempt of this task: keep what checks out
   VerifyReads verify_reads = VerifyReads::kFirstPerFile;
-  // How inputs read once are read; a full-read TIES reads through the page cache regardless
-  // (its windows are read twice: threshold scan, then merge).
+  // How inputs read once are read: budgeted expert blocks and held full-read TIES windows (the
+  // base and whole expert files are read through the page cache).
   io::InputIo input_io = io::InputIo::kAuto;
-  // Full-read TIES: input bytes per scan-then-merge window (the page cache holds about two).
-  std::uint64_t window_bytes = std::uint64_t{512} << 20;
+  // Full-read TIES: input bytes per rank per scan-then-merge window. Two held windows of up to
+  // 5/4 of it each are in memory at once.
+  std::uint64_t window_bytes = std::uint64_t{256} << 20;
+  bool hold_windows = true;  // false: every window is read twice, through the page cache
   ProgressListener* progress = nullptr;  // rank 0
 };
 
@@ -62,6 +66,9 @@ struct MergeRunResult {
   std::uint64_t bytes_resume_check = 0;  // output bytes read back to check those claims
   std::uint64_t input_files = 0;         // input shards opened, summed over ranks
   std::uint64_t input_files_direct = 0;  // of which read with O_DIRECT
+  // Full-read TIES: scan-then-merge windows, rank shares of them held in memory (summed over
+  // ranks) and the input bytes read into those.
+  std::uint64_t windows = 0, held_shares = 0, held_bytes = 0;
 };
 
 MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRunOptions& options);
