@@ -1,5 +1,7 @@
 #include "mergepipe/retained_window.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -14,6 +16,9 @@
 namespace mergepipe {
 
 namespace {
+
+// Memory is allocated in transparent huge pages where the system has them.
+constexpr std::uint64_t kHugePage = std::uint64_t{2} << 20;
 
 std::uint64_t round_up(std::uint64_t n) {
   return (n + kInPlaceAlignment - 1) / kInPlaceAlignment * kInPlaceAlignment;
@@ -50,11 +55,19 @@ void RetainedWindow::fill(BlockReader& from, const std::vector<HeldRange>& range
   if (needed > capacity_) {
     memory_.reset();
     capacity_ = 0;
-    void* p = std::aligned_alloc(kInPlaceAlignment, needed);
+    const std::uint64_t size = (needed + kHugePage - 1) / kHugePage * kHugePage;
+    void* p = std::aligned_alloc(kHugePage, size);
     if (!p)
-      throw IoError("retained window: cannot allocate " + std::to_string(needed >> 20) + " MiB");
+      throw IoError("retained window: cannot allocate " + std::to_string(size >> 20) + " MiB");
+#ifdef MADV_HUGEPAGE
+    // Scanned and merged from memory rather than copied out of the page cache (which the kernel
+    // maps with huge pages), the window's 4 KiB pages made the TLB misses of a VM's nested page
+    // walks cost more than the copies saved: K=5 full-read TIES 7.0 -> 3.6 s of user time. A
+    // refusal (THP off) only costs that speed.
+    madvise(p, size, MADV_HUGEPAGE);
+#endif
     memory_.reset(static_cast<std::byte*>(p));
-    capacity_ = needed;
+    capacity_ = size;
   }
   // Each range gets its own pages; requests split it at page boundaries of the file, so they
   // write disjoint pages and the range ends up contiguous.
