@@ -3,20 +3,29 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <exception>
 
 #include "mergepipe/error.hpp"
 #include "mergepipe/thread_name.hpp"
 
 namespace mergepipe::io {
 
-AsyncFileWriter::AsyncFileWriter(const std::vector<std::string>& paths, std::size_t buffers)
-    : free_(std::max<std::size_t>(1, buffers)) {
+AsyncFileWriter::AsyncFileWriter(const std::vector<std::string>& paths, std::size_t buffers,
+                                 std::uint64_t flush_every)
+    : flush_every_(flush_every), free_(std::max<std::size_t>(1, buffers)) {
   for (const auto& p : paths) files_.emplace_back(p, File::Mode::kReadWrite);
   thread_ = std::thread([this] {
     name_this_thread("mp-write");
     loop();
   });
+  if (flush_every_ > 0) {
+    flusher_ = std::thread([this] {
+      name_this_thread("mp-flush");
+      flush_loop();
+    });
+  }
 }
 
 AsyncFileWriter::~AsyncFileWriter() {
@@ -24,9 +33,25 @@ AsyncFileWriter::~AsyncFileWriter() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
     queue_.clear();
+    unflushed_ = 0;  // abandoned output: no last flush
   }
   cv_.notify_all();
   thread_.join();
+  stop_flusher();
+}
+
+void AsyncFileWriter::stop_flusher() {
+  {
+    std::lock_guard lock(mutex_);
+    flusher_stopping_ = true;
+  }
+  cv_.notify_all();
+  if (flusher_.joinable()) flusher_.join();
+}
+
+std::uint64_t AsyncFileWriter::background_flushes() const {
+  std::lock_guard lock(mutex_);
+  return flushes_;
 }
 
 void AsyncFileWriter::rethrow_if_failed() {
@@ -53,6 +78,10 @@ void AsyncFileWriter::finish() {
   {
     std::unique_lock lock(mutex_);
     cv_.wait(lock, [this] { return error_ || in_flight_ == 0; });
+  }
+  stop_flusher();  // a flush it owes runs first: it is most of what the final one would wait for
+  {
+    std::lock_guard lock(mutex_);
     rethrow_if_failed();
   }
   for (const File& f : files_) {
@@ -83,8 +112,36 @@ void AsyncFileWriter::loop() {
     }
     {
       std::lock_guard lock(mutex_);
+      unflushed_ += job.bytes.size();
       free_.push_back(std::move(job.bytes));
       --in_flight_;
+    }
+    cv_.notify_all();
+  }
+}
+
+void AsyncFileWriter::flush_loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [this] { return flusher_stopping_ || unflushed_ >= flush_every_; });
+      if (unflushed_ < flush_every_) return;  // stopping, nothing owed
+      unflushed_ = 0;
+    }
+    for (const File& f : files_) {
+      // Linux reports a writeback error to one fsync per open file only: it is kept here, or
+      // the final fdatasync would succeed on output that never reached storage.
+      if (::fdatasync(f.fd()) != 0) {
+        const int err = errno;
+        std::lock_guard lock(mutex_);
+        if (!error_)
+          error_ = std::make_exception_ptr(
+              IoError(f.path() + ": fdatasync failed: " + std::strerror(err)));
+      }
+    }
+    {
+      std::lock_guard lock(mutex_);
+      ++flushes_;
     }
     cv_.notify_all();
   }

@@ -4,7 +4,10 @@
 // copied into one of a few buffers (the caller reuses its own at once; a full set of buffers
 // makes write() wait: bounded memory), written with pwrite, and its writeback started at once
 // (sync_file_range), so the output reaches storage alongside the reads instead of in one final
-// fsync. A write error is reported by the next write() or by finish().
+// fsync. Every `flush_every` bytes written, a third thread fdatasyncs the files: on a virtual
+// disk the final fdatasync otherwise waits for the host to flush everything written so far
+// (0.5-0.7 s for a 1.5 GB output measured), after the reads are over. A write or flush error is
+// reported by the next write() or by finish().
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -21,15 +24,22 @@ namespace mergepipe::io {
 
 class AsyncFileWriter {
  public:
-  // Opens every path for writing (they must exist; nothing is truncated).
-  explicit AsyncFileWriter(const std::vector<std::string>& paths, std::size_t buffers = 4);
+  static constexpr std::uint64_t kDefaultFlushEvery = std::uint64_t{64} << 20;
+
+  // Opens every path for writing (they must exist; nothing is truncated). flush_every == 0: no
+  // background fdatasync.
+  explicit AsyncFileWriter(const std::vector<std::string>& paths, std::size_t buffers = 4,
+                           std::uint64_t flush_every = kDefaultFlushEvery);
   ~AsyncFileWriter();  // after an error or without finish(): drops what is still queued
   AsyncFileWriter(const AsyncFileWriter&) = delete;
   AsyncFileWriter& operator=(const AsyncFileWriter&) = delete;
 
   void write(std::size_t file, std::uint64_t offset, std::span<const std::byte> bytes);
-  // Waits for every queued write, then fdatasyncs every file. Throws the first write error.
+  // Waits for every queued write and background flush, then fdatasyncs every file. Throws the
+  // first write or flush error.
   void finish();
+  // Background fdatasync rounds completed so far (each covers every file).
+  std::uint64_t background_flushes() const;
 
  private:
   struct Job {
@@ -38,17 +48,24 @@ class AsyncFileWriter {
     std::vector<std::byte> bytes;
   };
   void loop();
+  void flush_loop();
+  void stop_flusher();
   void rethrow_if_failed();  // under mutex_
 
   std::vector<File> files_;
-  std::mutex mutex_;
+  const std::uint64_t flush_every_;
+  mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
   std::vector<std::vector<std::byte>> free_;  // spare buffers
   std::size_t in_flight_ = 0;
   std::exception_ptr error_;
   bool stopping_ = false;
+  std::uint64_t unflushed_ = 0;  // bytes written since the last background flush began
+  std::uint64_t flushes_ = 0;
+  bool flusher_stopping_ = false;
   std::thread thread_;
+  std::thread flusher_;
 };
 
 }  // namespace mergepipe::io
