@@ -27,14 +27,61 @@ std::vector<FileRange> tensor_read_order(const Checkpoint& checkpoint) {
   std::vector<FileRange> ranges;
   for (const StoredTensor& t : checkpoint.tensors) {
     if (t.length == 0) continue;
-    if (!ranges.empty() && ranges.back().path == t.file &&
-        ranges.back().offset + ranges.back().length == t.offset) {
-      ranges.back().length += t.length;
-    } else {
-      ranges.push_back({t.file, t.offset, t.length});
-    }
+    const FileRange range{t.file, t.offset, t.length};
+    append_ranges(ranges, std::span(&range, 1));
   }
   return ranges;
+}
+
+std::vector<FileRange> slice_ranges(std::span<const FileRange> ranges, std::uint64_t begin,
+                                    std::uint64_t length) {
+  std::vector<FileRange> slice;
+  std::uint64_t at = 0;  // where the current range starts in the concatenation
+  for (const FileRange& r : ranges) {
+    if (length == 0) break;
+    if (begin < at + r.length) {
+      const std::uint64_t skip = begin > at ? begin - at : 0;
+      const std::uint64_t take = std::min(r.length - skip, length);
+      slice.push_back({r.path, r.offset + skip, take});
+      length -= take;
+      begin += take;
+    }
+    at += r.length;
+  }
+  return slice;
+}
+
+void append_ranges(std::vector<FileRange>& ranges, std::span<const FileRange> more) {
+  for (const FileRange& r : more) {
+    if (r.length == 0) continue;
+    if (!ranges.empty() && ranges.back().path == r.path &&
+        ranges.back().offset + ranges.back().length == r.offset) {
+      ranges.back().length += r.length;
+    } else {
+      ranges.push_back(r);
+    }
+  }
+}
+
+std::vector<FileRange> rank_shares(std::span<const FileRange> ranges, int ranks,
+                                   std::span<const int> chosen) {
+  const std::uint64_t total = total_bytes(ranges);
+  const auto share_start = [&](int rank) {
+    return static_cast<std::uint64_t>(static_cast<long double>(total) * rank / ranks);
+  };
+  std::vector<FileRange> shares;
+  for (int rank : chosen) {
+    if (rank < 0 || rank >= ranks) continue;
+    const std::uint64_t begin = share_start(rank);
+    append_ranges(shares, slice_ranges(ranges, begin, share_start(rank + 1) - begin));
+  }
+  return shares;
+}
+
+std::uint64_t total_bytes(std::span<const FileRange> ranges) {
+  std::uint64_t total = 0;
+  for (const FileRange& r : ranges) total += r.length;
+  return total;
 }
 
 BackgroundReadAhead::BackgroundReadAhead(std::vector<FileRange> ranges, std::uint64_t max_bytes,

@@ -44,6 +44,12 @@ CpuPlacement cpu_placement(const Comm& comm) {
   const cpu_set_t launcher = affinity_of(::getppid());
   const Comm local = comm.split_node();
   p.ranks_on_node = local.size();
+  p.node_ranks.resize(static_cast<std::size_t>(local.size()));
+  const int my_rank = comm.rank();
+  if (MPI_Allgather(&my_rank, 1, MPI_INT, p.node_ranks.data(), 1, MPI_INT, local.handle()) !=
+      MPI_SUCCESS)
+    throw IoError("MPI: allgather failed (ranks on this node)");
+  std::sort(p.node_ranks.begin(), p.node_ranks.end());
   cpu_set_t node;
   if (MPI_Allreduce(&mine, &node, static_cast<int>(sizeof(cpu_set_t)), MPI_UNSIGNED_CHAR, MPI_BOR,
                     local.handle()) != MPI_SUCCESS)

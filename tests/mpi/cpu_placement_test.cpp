@@ -39,6 +39,9 @@ TEST(MPI, CpuPlacementCountsTheAffinityMasks) {
   const mpi::CpuPlacement p = mpi::cpu_placement(comm);
   EXPECT_EQ(p.rank_cpus, CPU_COUNT(&mine));
   EXPECT_EQ(p.ranks_on_node, comm.size());  // CTest runs every rank on this machine
+  std::vector<int> every_rank(static_cast<std::size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) every_rank[static_cast<std::size_t>(r)] = r;
+  EXPECT_EQ(p.node_ranks, every_rank);
   EXPECT_EQ(p.node_cpus, union_count(mine));
   EXPECT_GE(p.launcher_cpus, p.node_cpus);
   EXPECT_GE(mpi::default_threads(p), 1);

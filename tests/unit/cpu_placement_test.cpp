@@ -9,7 +9,7 @@ using mergepipe::mpi::idle_cpu_advice;
 
 namespace {
 CpuPlacement placement(int rank_cpus, int node_cpus, int launcher_cpus, int ranks_on_node) {
-  return {rank_cpus, node_cpus, launcher_cpus, ranks_on_node, {}};
+  return {rank_cpus, node_cpus, launcher_cpus, ranks_on_node, {}, {}};
 }
 }  // namespace
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "checkpoint_test_util.hpp"
 #include "mergepipe/io/file.hpp"
@@ -90,6 +91,49 @@ TEST(ReadAhead, JoinsTensorsThatAreAdjacentInAFile) {
   EXPECT_EQ(ranges[2].path, "y");
   EXPECT_EQ(ranges[2].offset, 8u);
   EXPECT_EQ(ranges[2].length, 42u);
+}
+
+// Ranges x[100, 175) y[8, 50) z[0, 30): 75 + 42 + 30 = 147 bytes in all.
+const std::vector<FileRange> kThreeFiles = {{"x", 100, 75}, {"y", 8, 42}, {"z", 0, 30}};
+
+TEST(ReadAhead, SlicesCrossFileBoundaries) {
+  // Bytes 70..129 of the concatenation: the last 5 of x, all of y, the first 13 of z.
+  EXPECT_EQ(slice_ranges(kThreeFiles, 70, 60),
+            (std::vector<FileRange>{{"x", 170, 5}, {"y", 8, 42}, {"z", 0, 13}}));
+  // Inside one range, at its start, and clipped at the end of the concatenation.
+  EXPECT_EQ(slice_ranges(kThreeFiles, 80, 10), (std::vector<FileRange>{{"y", 13, 10}}));
+  EXPECT_EQ(slice_ranges(kThreeFiles, 75, 1), (std::vector<FileRange>{{"y", 8, 1}}));
+  EXPECT_EQ(slice_ranges(kThreeFiles, 140, 100), (std::vector<FileRange>{{"z", 23, 7}}));
+  EXPECT_TRUE(slice_ranges(kThreeFiles, 147, 10).empty());
+  EXPECT_TRUE(slice_ranges(kThreeFiles, 10, 0).empty());
+}
+
+TEST(ReadAhead, ConsecutiveSlicesRejoinIntoTheWhole) {
+  // Shares of 4 ranks (as a node holding all of them reads them), cut at uneven points.
+  std::vector<FileRange> joined;
+  const std::uint64_t cuts[] = {0, 36, 75, 76, 147};
+  for (int r = 0; r < 4; ++r)
+    append_ranges(joined, slice_ranges(kThreeFiles, cuts[r], cuts[r + 1] - cuts[r]));
+  EXPECT_EQ(joined, kThreeFiles);
+  // Shares that are not adjacent stay apart.
+  std::vector<FileRange> gapped;
+  append_ranges(gapped, slice_ranges(kThreeFiles, 0, 20));
+  append_ranges(gapped, slice_ranges(kThreeFiles, 40, 20));
+  EXPECT_EQ(gapped, (std::vector<FileRange>{{"x", 100, 20}, {"x", 140, 20}}));
+}
+
+TEST(ReadAhead, RankSharesAreEqualCutsInRankOrder) {
+  // 147 bytes over 3 ranks: cuts at 49 and 98.
+  const std::vector<int> first{0};
+  EXPECT_EQ(rank_shares(kThreeFiles, 3, first), (std::vector<FileRange>{{"x", 100, 49}}));
+  const std::vector<int> node{0, 1};  // two ranks of one node: one run of 98 bytes
+  EXPECT_EQ(rank_shares(kThreeFiles, 3, node),
+            (std::vector<FileRange>{{"x", 100, 75}, {"y", 8, 23}}));
+  const std::vector<int> apart{0, 2, 7};  // a node holding ranks 0 and 2 (7 does not exist)
+  EXPECT_EQ(rank_shares(kThreeFiles, 3, apart),
+            (std::vector<FileRange>{{"x", 100, 49}, {"y", 31, 19}, {"z", 0, 30}}));
+  EXPECT_EQ(total_bytes(rank_shares(kThreeFiles, 3, std::vector<int>{2, 1, 0})), 147u);
+  EXPECT_EQ(total_bytes(kThreeFiles), 147u);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // 0's first reads.
 #include <atomic>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,11 +18,28 @@ struct FileRange {
   std::string path;
   std::uint64_t offset = 0;
   std::uint64_t length = 0;
+  bool operator==(const FileRange&) const = default;
 };
 
 // The tensor bytes of `checkpoint` in the order a merge reads them (checkpoint order), adjacent
 // tensors of a file joined into one range.
 std::vector<FileRange> tensor_read_order(const Checkpoint& checkpoint);
+
+// Bytes [begin, begin + length) of the concatenation of `ranges` (clipped at its end), as
+// ranges in the same order.
+std::vector<FileRange> slice_ranges(std::span<const FileRange> ranges, std::uint64_t begin,
+                                    std::uint64_t length);
+
+// Appends `more` to `ranges`, joining a range that continues the last one in the same file.
+void append_ranges(std::vector<FileRange>& ranges, std::span<const FileRange> more);
+
+// The equal shares of `ranges` (in order: rank r gets bytes [total·r/ranks, total·(r+1)/ranks))
+// of the ranks in `chosen`, in the order given; ranks outside [0, ranks) are ignored.
+std::vector<FileRange> rank_shares(std::span<const FileRange> ranges, int ranks,
+                                   std::span<const int> chosen);
+
+// Total bytes of `ranges`.
+std::uint64_t total_bytes(std::span<const FileRange> ranges);
 
 class BackgroundReadAhead {
  public:

@@ -17,6 +17,7 @@ struct CpuPlacement {
   // under Slurm, at least node_cpus.
   int launcher_cpus = 1;
   int ranks_on_node = 1;
+  std::vector<int> node_ranks;    // ranks of the communicator on this node, ascending
   std::vector<int> node_cpu_ids;  // the CPUs of node_cpus
 };
 
