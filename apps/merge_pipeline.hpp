@@ -21,7 +21,7 @@ struct PipelineOptions {
   bool force = false;
   int threads = 0;  // 0: the node's cores shared by its ranks
   int io_threads = 8;
-  int prefetch_depth = 2;
+  int prefetch_depth = 0;  // 0: by the kind of merge (default_prefetch_depth)
   std::uint64_t read_bytes = 128u << 10;
   bool allow_nonfinite = false;
   bool resume = true;
@@ -61,7 +61,8 @@ struct PipelineOutcome {
   mpi::MergeRunResult run;
   nlohmann::ordered_json manifest;  // rank 0
   double total_seconds = 0;
-  int threads = 1;  // compute threads per rank actually used
+  int threads = 1;         // compute threads per rank actually used
+  int prefetch_depth = 2;  // slices read ahead per rank actually used
 };
 
 // Collective. `task` must be complete on rank 0 (other ranks receive it).

@@ -36,6 +36,7 @@ assert t["total"] >= t["catalog_load"] + t["plan"] + t["merge"] - 1e-6, t
 ahead = m["base_read_ahead"]
 assert 0 <= ahead["bytes"] <= m["bytes_read"]["base"], (ahead, m["bytes_read"])
 assert ahead["seconds"] >= 0 and (ahead["bytes"] == 0) == (ahead["seconds"] == 0), ahead
+assert m["prefetch_depth"] == 8, m["prefetch_depth"]  # a budgeted merge's default
 PY
 [[ "$planned" -le "$budget" ]] || fail "planned $planned exceeds the budget $budget"
 [[ $((budget * 4)) -le $((full + 3)) ]] || fail "25% budget $budget is not a quarter of $full"

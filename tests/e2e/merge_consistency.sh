@@ -28,6 +28,9 @@ read -r count held held_bytes <<<"$(windows naive-ties-4k)"
 ((count >= 1 && held == 2 * count)) || fail "full-read TIES held $held of 2 x $count window shares"
 ((held_bytes > once)) || fail "held windows hold $held_bytes bytes, less than the experts' $once"
 [[ "$(windows naive-linear)" == "0 0 0" ]] || fail "a linear full read reports held windows: $(windows naive-linear)"
+# Read-ahead depth by kind of merge unless --prefetch says: 2 slices for a full read.
+[[ "$(json_get naive-linear/mergepipe.manifest.json prefetch_depth)" == 2 ]] ||
+  fail "a full read's default prefetch depth is not 2"
 
 # Rank and thread invariance at a partial budget.
 write_config ties.yaml ties fam 4
