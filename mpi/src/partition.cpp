@@ -1,5 +1,7 @@
 #include "mergepipe/mpi/partition.hpp"
 
+#include <algorithm>
+
 namespace mergepipe::mpi {
 
 std::vector<BlockRange> partition_by_cost(std::span<const std::uint64_t> costs, int parts) {
@@ -25,6 +27,27 @@ std::vector<BlockRange> partition_by_cost(std::span<const std::uint64_t> costs, 
     ranges[r].end = b;
   }
   return ranges;
+}
+
+std::vector<BlockRange> guided_chunks(std::span<const std::uint64_t> costs, BlockRange range,
+                                      int workers, std::uint64_t min_cost) {
+  std::uint64_t left = 0;
+  for (std::uint32_t b = range.begin; b < range.end; ++b) left += costs[b];
+  const std::uint64_t split = 2 * static_cast<std::uint64_t>(std::max(workers, 1));
+  std::vector<BlockRange> chunks;
+  for (std::uint32_t b = range.begin; b < range.end;) {
+    const std::uint64_t target = std::max(min_cost, left / split);
+    BlockRange chunk{b, b};
+    std::uint64_t taken = 0;
+    while (chunk.end < range.end && (chunk.end == b || taken < target)) {
+      taken += costs[chunk.end];
+      ++chunk.end;
+    }
+    left -= taken;
+    chunks.push_back(chunk);
+    b = chunk.end;
+  }
+  return chunks;
 }
 
 }  // namespace mergepipe::mpi

@@ -1,7 +1,8 @@
 #pragma once
-// Runs a merge task on every rank of a communicator: partition the blocks by bytes, stream and
-// merge this rank's blocks, write them into the shared output files, gather the output hashes
-// and byte counts on rank 0. Collective: every rank calls it with the same task.
+// Runs a merge task on every rank of a communicator: split the blocks over the nodes by bytes,
+// let each node's ranks draw chunks of its share, stream and merge them, write them into the
+// shared output files, gather the output hashes and byte counts on rank 0. Collective: every
+// rank calls it with the same task.
 //
 // Resume: when the output folder holds the journals of an interrupted run of the same task, the
 // blocks they claim are read back from the output files and hashed; the ones that match are kept

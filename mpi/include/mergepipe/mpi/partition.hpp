@@ -17,4 +17,11 @@ struct BlockRange {
 // Returns `parts` ranges covering [0, costs.size()) in order; rank r gets ranges[r].
 std::vector<BlockRange> partition_by_cost(std::span<const std::uint64_t> costs, int parts);
 
+// Guided self-scheduling of `range` for `workers` drawing chunks in turn: contiguous chunks in
+// order, each about the cost left divided by 2 × workers but at least `min_cost` (and one
+// block), so the first chunks are large (few hand-overs) and the last ones small (whoever
+// finishes first takes them, and all finish close together).
+std::vector<BlockRange> guided_chunks(std::span<const std::uint64_t> costs, BlockRange range,
+                                      int workers, std::uint64_t min_cost);
+
 }  // namespace mergepipe::mpi
