@@ -265,7 +265,15 @@ NodeWork share_of_this_node(const Comm& comm, std::span<const std::uint64_t> cos
   if (share.begin < share.end)
     work.chunks = slots == 1 ? std::vector<BlockRange>{share}
                              : guided_chunks(costs, share, slots, kMinChunkCost);
-  work.counter = std::make_unique<NodeCounter>(*work.node);
+  const std::optional<Error> failure =
+      capture_failure([&] { work.counter = std::make_unique<NodeCounter>(*work.node); });
+  try {
+    comm.check(failure, "create the node's work counter");
+  } catch (const CollectiveError&) {
+    // Freeing a window is collective, and the rank that failed to create it would never join.
+    (void)work.counter.release();
+    throw;
+  }
   return work;
 }
 
@@ -611,6 +619,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   });
   monitor.finish(failure.has_value());
   comm.check(failure, "merge");
+  node_work = {};  // frees the shared window (collective) here, where every rank is
   const auto finish_start = Clock::now();
   output->finish();
   const double finish_seconds = seconds_since(finish_start);

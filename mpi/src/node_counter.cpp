@@ -19,7 +19,7 @@ NodeCounter::NodeCounter(const Comm& node) {
   void* owner = nullptr;
   if (MPI_Win_shared_query(window_, 0, &owner_size, &unit, &owner) != MPI_SUCCESS ||
       owner == nullptr || owner_size < static_cast<MPI_Aint>(sizeof(std::uint64_t))) {
-    MPI_Win_free(&window_);
+    // Not freed: that is collective, and the other ranks may not be failing here. The job ends.
     throw IoError("MPI: the node's shared-memory window is not addressable (work counter)");
   }
   value_ = static_cast<std::uint64_t*>(owner);
