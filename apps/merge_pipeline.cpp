@@ -106,7 +106,10 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
                                  "MPI-IO hint key=value for the output files (repeatable)")(
       "input-io", po::value(&text.input_io)->default_value("auto"),
       "how inputs read once are read: direct (O_DIRECT, around the page cache), buffered, or "
-      "auto (direct for files not already cached)");
+      "auto (direct for files not already cached)")(
+      "schedule", po::value(&text.schedule)->default_value("dynamic"),
+      "how a node's blocks are spread over its ranks: dynamic (chunks drawn as ranks finish) or "
+      "static (a fixed range per rank)");
   add_output_options(desc, text.style);
 }
 
@@ -129,6 +132,9 @@ void finish_run_options(const RunOptionText& text, PipelineOptions& options,
        {io::input_io_name(io::InputIo::kDirect), io::InputIo::kDirect},
        {io::input_io_name(io::InputIo::kBuffered), io::InputIo::kBuffered}},
       command + ": --input-io");
+  options.schedule = parse_choice<mpi::Schedule>(
+      text.schedule, {{"dynamic", mpi::Schedule::kDynamic}, {"static", mpi::Schedule::kStatic}},
+      command + ": --schedule");
   options.style = parse_output_style(text.style, command);
 }
 
@@ -208,6 +214,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
   run_options.resume = resumed != 0;
   run_options.verify_reads = options.verify_reads;
   run_options.input_io = options.input_io;
+  run_options.schedule = options.schedule;
   run_options.progress = display.get();
   outcome.run = mpi::run_merge(comm, task, run_options);
 
@@ -254,6 +261,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
     record.extra = {
         {"io_threads", options.io_threads},
         {"prefetch_depth", outcome.prefetch_depth},
+        {"schedule", options.schedule == mpi::Schedule::kStatic ? "static" : "dynamic"},
         {"read_bytes", options.read_bytes},
         {"cpus_per_rank", placement.rank_cpus},
         {"input_io",

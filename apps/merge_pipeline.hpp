@@ -27,6 +27,7 @@ struct PipelineOptions {
   bool resume = true;
   mpi::VerifyReads verify_reads = mpi::VerifyReads::kFirstPerFile;
   io::InputIo input_io = io::InputIo::kAuto;
+  mpi::Schedule schedule = mpi::Schedule::kDynamic;
   OutputStyle style;
   std::vector<std::pair<std::string, std::string>> mpiio_hints;
   std::string catalog_path;
@@ -49,6 +50,7 @@ struct RunOptionText {
   std::string read_size = "128KiB";
   std::string verify_reads = "first";
   std::string input_io = "auto";
+  std::string schedule = "dynamic";
   bool no_resume = false;
   OutputStyleText style;
 };

@@ -244,8 +244,15 @@ constexpr std::uint64_t kMinChunkCost = 64ull << 20;
 // Collective. Nodes take contiguous shares in the order of their lowest rank, each in
 // proportion to its number of ranks, so a node's reads stay in its part of every file and its
 // page cache holds what it merges (the base read-ahead reads exactly these shares).
-NodeWork share_of_this_node(const Comm& comm, std::span<const std::uint64_t> costs) {
+NodeWork share_of_this_node(const Comm& comm, std::span<const std::uint64_t> costs,
+                            Schedule schedule) {
   NodeWork work;
+  if (schedule == Schedule::kStatic) {  // this rank's own range, no counter
+    const BlockRange mine =
+        partition_by_cost(costs, comm.size())[static_cast<std::size_t>(comm.rank())];
+    if (mine.begin < mine.end) work.chunks.push_back(mine);
+    return work;
+  }
   work.node.emplace(comm.split_node());
   int leader = comm.rank();
   for (const std::string& r : work.node->allgather(std::to_string(comm.rank()), "node ranks"))
@@ -262,9 +269,14 @@ NodeWork share_of_this_node(const Comm& comm, std::span<const std::uint64_t> cos
   const std::vector<BlockRange> ranges = partition_by_cost(costs, comm.size());
   const BlockRange share{ranges[static_cast<std::size_t>(first_slot)].begin,
                          ranges[static_cast<std::size_t>(first_slot + slots - 1)].end};
+  std::uint64_t share_cost = 0;
+  for (std::uint32_t b = share.begin; b < share.end; ++b) share_cost += costs[b];
+  // Small merges (tests, tiny models) still get several chunks per rank.
+  const std::uint64_t min_cost = std::clamp<std::uint64_t>(
+      share_cost / (4 * static_cast<std::uint64_t>(slots)), 1, kMinChunkCost);
   if (share.begin < share.end)
-    work.chunks = slots == 1 ? std::vector<BlockRange>{share}
-                             : guided_chunks(costs, share, slots, kMinChunkCost);
+    work.chunks =
+        slots == 1 ? std::vector<BlockRange>{share} : guided_chunks(costs, share, slots, min_cost);
   const std::optional<Error> failure =
       capture_failure([&] { work.counter = std::make_unique<NodeCounter>(*work.node); });
   try {
@@ -385,7 +397,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   if (!scan_thresholds_from_data) {
     std::vector<std::uint64_t> costs;
     for (std::uint32_t b : remaining) costs.push_back(merge_cost[b]);
-    node_work = share_of_this_node(comm, costs);
+    node_work = share_of_this_node(comm, costs, options.schedule);
   }
 
   // Stream this rank's share.
@@ -431,9 +443,11 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       into.stopped = into.stopped || s.stopped;
     };
     if (!scan_thresholds_from_data) {
-      // Chunks of this node's share, drawn in turn by its ranks until none are left.
-      for (std::uint64_t next;
-           !stats.stopped && (next = node_work.counter->fetch_add(1)) < node_work.chunks.size();) {
+      // Chunks of this node's share, drawn in turn by its ranks until none are left (a static
+      // schedule: this rank's own range).
+      std::uint64_t own = 0;
+      auto draw = [&] { return node_work.counter ? node_work.counter->fetch_add(1) : own++; };
+      for (std::uint64_t next; !stats.stopped && (next = draw()) < node_work.chunks.size();) {
         const BlockRange chunk = node_work.chunks[next];
         const std::vector<std::uint32_t> blocks(remaining.begin() + chunk.begin,
                                                 remaining.begin() + chunk.end);

@@ -28,6 +28,12 @@ read -r count held held_bytes <<<"$(windows naive-ties-4k)"
 ((count >= 1 && held == 2 * count)) || fail "full-read TIES held $held of 2 x $count window shares"
 ((held_bytes > once)) || fail "held windows hold $held_bytes bytes, less than the experts' $once"
 [[ "$(windows naive-linear)" == "0 0 0" ]] || fail "a linear full read reports held windows: $(windows naive-linear)"
+# Chunks drawn by the ranks as they go (the default) or a fixed range per rank: the same model.
+run_np 2 merge ties.yaml --catalog cat --budget 100% --out static-ties --threads 2 --schedule static --quiet
+same_model_files full-ties static-ties
+[[ "$(json_get static-ties/mergepipe.manifest.json schedule)" == static &&
+  "$(json_get full-ties/mergepipe.manifest.json schedule)" == dynamic ]] ||
+  fail "the manifest does not record the schedule"
 # Read-ahead depth by kind of merge unless --prefetch says: 2 slices for a full read.
 [[ "$(json_get naive-linear/mergepipe.manifest.json prefetch_depth)" == 2 ]] ||
   fail "a full read's default prefetch depth is not 2"

@@ -37,13 +37,14 @@ wait_for() {
 }
 
 # --- An input error on rank 1 only: NaN in lm_head.weight, the last tensor, which only rank 1
-# merges. Rank 0 prints rank 1's message, once, and the job ends promptly.
+# merges (--schedule static: its fixed share ends the model). Rank 0 prints rank 1's message,
+# once, and the job ends promptly.
 cp -r fam nan && "$PYTHON" "$TESTS_DIR/python/corrupt_checkpoint.py" nonfinite nan/expert00 \
   lm_head.weight nan >/dev/null
 printf 'merge_method: linear\nbase_model: nan/base\nmodels: [nan/expert00, nan/expert01]\n' >nan.yaml
 start=$SECONDS
 expect_exit 3 "nan/expert00/model[^ ]*\.safetensors bytes [0-9]+\.\.[0-9]+: tensor 'lm_head\.weight' of expert 0 holds NaN/Inf values; --allow-nonfinite" \
-  timeout 60 "${mpi2[@]}" merge nan.yaml --full-read --out nan-out
+  timeout 60 "${mpi2[@]}" merge nan.yaml --full-read --out nan-out --schedule static
 expect_one_error
 expect_no_output nan-out
 ((SECONDS - start < 30)) || fail "a failing rank took $((SECONDS - start)) s to end the job"

@@ -112,13 +112,14 @@ eio() { # eio COUNT [RANK] command...: run with COUNT failing reads of $shard (o
 eio 3 "$MPIEXEC" -np 2 --oversubscribe "$MERGEPIPE" merge c.yaml --catalog cat --out retried --quiet ||
   fail "3 transient read errors were not retried"
 same_model_files retried clean
+# (--schedule static: rank 1 surely reads that shard, the last, as in its fixed share.)
 eio 3 1 "$MPIEXEC" -np 2 --oversubscribe "$MERGEPIPE" merge c.yaml --catalog cat --out retried1 \
-  --quiet || fail "3 transient read errors on rank 1 were not retried"
+  --schedule static --quiet || fail "3 transient read errors on rank 1 were not retried"
 same_model_files retried1 clean
 # A persistent error ends the job: rank 1's message (file and offset) is printed once, by rank 0.
 expect_exit 4 "$shard: read of [0-9]+ bytes at offset [0-9]+ failed: Input/output error" \
   eio 1000 1 timeout 120 "$MPIEXEC" -np 2 --oversubscribe "$MERGEPIPE" merge c.yaml --catalog cat \
-  --out failed
+  --out failed --schedule static
 expect_one_error
 expect_no_output failed
 expect_exit 4 "$shard: read of [0-9]+ bytes at offset [0-9]+ failed: Input/output error" \

@@ -30,6 +30,10 @@ namespace mergepipe::mpi {
 // Which expert reads are checked against the catalog's block hashes.
 enum class VerifyReads { kOff, kFirstPerFile, kAll };
 
+// How a node's share of the blocks is spread over its ranks: drawn in chunks as they go, or a
+// fixed contiguous range per rank (which rank reads which bytes does not depend on timing).
+enum class Schedule { kDynamic, kStatic };
+
 struct MergeRunOptions {
   std::string output_dir;  // an existing (staging) folder; tensor files are written inside it
   int threads = 1;
@@ -40,6 +44,7 @@ struct MergeRunOptions {
   std::vector<std::pair<std::string, std::string>> mpiio_hints;
   bool resume = false;  // output_dir holds an earlier attempt of this task: keep what checks out
   VerifyReads verify_reads = VerifyReads::kFirstPerFile;
+  Schedule schedule = Schedule::kDynamic;  // budgeted and full-read linear merges
   // How inputs read once are read: budgeted expert blocks and held full-read TIES windows (the
   // base and whole expert files are read through the page cache).
   io::InputIo input_io = io::InputIo::kAuto;
