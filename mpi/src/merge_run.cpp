@@ -243,7 +243,7 @@ constexpr std::uint64_t kMinChunkCost = 64ull << 20;
 
 // Collective. Nodes take contiguous shares in the order of their lowest rank, each in
 // proportion to its number of ranks, so a node's reads stay in its part of every file and its
-// page cache holds what it merges (the base read-ahead reads exactly these shares).
+// page cache holds what it merges (the base read-ahead reads about these shares).
 NodeWork share_of_this_node(const Comm& comm, std::span<const std::uint64_t> costs,
                             Schedule schedule) {
   NodeWork work;
