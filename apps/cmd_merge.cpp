@@ -1,4 +1,6 @@
 // mergepipe merge CONFIG --catalog CAT --budget B --out DIR  (or --full-read, the naive baseline)
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include "merge_pipeline.hpp"
 #include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
+#include "mergepipe/io/catalog_prefetch.hpp"
 #include "mergepipe/io/catalog_store.hpp"
 #include "mergepipe/io/checkpoint_location.hpp"
 #include "mergepipe/io/hf_folder.hpp"
@@ -74,18 +77,32 @@ MergeTask full_read_task(const MergeSpec& spec, std::uint64_t block_bytes) {
 // 0 to one core, where the catalog load kept the read-ahead waiting (measured: 0.07 of 0.75 GB
 // read in time), while the other ranks sleep until the plan arrives. Nothing if the base cannot
 // be opened: the merge then reports that itself.
-std::unique_ptr<io::BackgroundReadAhead> start_base_read_ahead(const MergeSpec& spec, int ranks,
-                                                               const mpi::CpuPlacement& placement) {
+struct BaseReadAhead {
+  std::unique_ptr<io::BackgroundReadAhead> reader;
+  // Let it finish before the merge starts instead of stopping it once the plan is made
+  // (io::finish_read_ahead_first). Measured with the catalog's files read first (K = 20 TIES
+  // 10%, 2 ranks, 10 alternated cold runs): B/A 0.958; the same with the read-ahead stopped at
+  // the plan, 1.153 (0.4-0.5 of 1.5 GB read by then).
+  bool finish = false;
+};
+
+BaseReadAhead start_base_read_ahead(const MergeSpec& spec, int ranks,
+                                    const mpi::CpuPlacement& placement) {
   try {
     const Checkpoint base = io::open_checkpoint(spec.base_model);
     std::vector<io::FileRange> shares =
         io::rank_shares(io::tensor_read_order(base), ranks,
                         placement.node_ranks.empty() ? std::vector<int>{0} : placement.node_ranks);
     const std::uint64_t bytes = io::total_bytes(shares);
-    return std::make_unique<io::BackgroundReadAhead>(std::move(shares), bytes,
-                                                     placement.node_cpu_ids);
+    const auto memory = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    BaseReadAhead ahead;
+    ahead.finish = io::finish_read_ahead_first(placement.node_ranks.size(), ranks, bytes, memory);
+    ahead.reader =
+        std::make_unique<io::BackgroundReadAhead>(std::move(shares), bytes, placement.node_cpu_ids);
+    return ahead;
   } catch (const Error&) {
-    return nullptr;
+    return {};
   }
 }
 
@@ -93,8 +110,10 @@ MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOp
                         int ranks, const mpi::CpuPlacement& placement) {
   if (o.catalog.empty())
     throw UsageError("merge: --catalog is required (or --full-read for the naive baseline)");
-  const auto read_ahead = start_base_read_ahead(spec, ranks, placement);
   const auto load_start = std::chrono::steady_clock::now();
+  // The catalog's small files first, together, while the disk is idle; then the base.
+  io::prefetch_catalog_inputs(o.catalog, spec.expert_paths());
+  const auto read_ahead = start_base_read_ahead(spec, ranks, placement);
   // Only the experts this merge uses: their statistics, their freshness.
   const Catalog catalog = io::load_catalog(o.catalog, spec.expert_paths());
   pipeline.catalog_bytes = io::catalog_size_bytes(o.catalog);
@@ -106,9 +125,10 @@ MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOp
   task.plan = make_plan(catalog, spec, request);
   pipeline.plan_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (read_ahead) {
-    pipeline.base_read_ahead_bytes = read_ahead->stop();
-    pipeline.base_read_ahead_seconds = read_ahead->seconds();
+  if (read_ahead.reader) {
+    pipeline.base_read_ahead_bytes =
+        read_ahead.finish ? read_ahead.reader->wait() : read_ahead.reader->stop();
+    pipeline.base_read_ahead_seconds = read_ahead.reader->seconds();
   }
   task.spec = spec;
   task.spec.budget = request.budget.to_string();

@@ -675,10 +675,9 @@ std::vector<bool> selected_experts(const Catalog& c, const ExpertSelection& only
 
 }  // namespace
 
-Catalog load_catalog(const std::string& path, const ExpertSelection& only) {
+Catalog load_catalog_summary(const std::string& path) {
   const fs::path dir(path);
   const std::string json_path = (dir / kCatalogJsonName).string();
-  const std::string h5_path = (dir / kCatalogH5Name).string();
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw InputError(path + ": no such catalog folder");
   if (!fs::exists(json_path, ec)) throw InputError(path + ": not a catalog (no catalog.json)");
@@ -705,6 +704,14 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only) {
   } catch (const json::exception& e) {
     throw InputError(json_path + ": malformed catalog summary: " + detail::json_error_text(e));
   }
+  return c;
+}
+
+Catalog load_catalog(const std::string& path, const ExpertSelection& only) {
+  const fs::path dir(path);
+  const std::string json_path = (dir / kCatalogJsonName).string();
+  const std::string h5_path = (dir / kCatalogH5Name).string();
+  Catalog c = load_catalog_summary(path);
 
   H5Reader r(h5_path);
   if (r.attribute_string("/", "format") != c.format ||

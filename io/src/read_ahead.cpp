@@ -84,6 +84,11 @@ std::uint64_t total_bytes(std::span<const FileRange> ranges) {
   return total;
 }
 
+bool finish_read_ahead_first(std::size_t node_ranks, int ranks, std::uint64_t bytes,
+                             std::uint64_t memory) {
+  return ranks > 0 && node_ranks == static_cast<std::size_t>(ranks) && bytes <= memory / 4;
+}
+
 BackgroundReadAhead::BackgroundReadAhead(std::vector<FileRange> ranges, std::uint64_t max_bytes,
                                          std::vector<int> cpus)
     : ranges_(std::move(ranges)), max_bytes_(max_bytes), cpus_(std::move(cpus)) {

@@ -14,6 +14,7 @@ expert_files() { ls fam/expert0*/*.safetensors; }
 "$PAGE_RESIDENCY" --evict $(ls fam/*/*.safetensors) >/dev/null
 before=$("$PAGE_RESIDENCY" $(expert_files) | awk '{s += $1} END {print s}')
 [[ "$before" -eq 0 ]] || echo "note: $before expert bytes stayed cached after eviction"
+base_before=$("$PAGE_RESIDENCY" fam/base/*.safetensors | awk '{s += $1} END {print s}')
 
 # Buffered reads, so what the merge read shows in the page cache.
 run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25 --input-io buffered --quiet
@@ -26,10 +27,13 @@ full=$(json_get $m full_expert_bytes)
 pairs=$(json_get $m plan.pairs_admitted)
 [[ "$read_expert" -eq "$planned" ]] || fail "manifest: expert bytes read $read_expert != planned $planned"
 # The catalog is read before planning: its time is recorded and counted in the total.
-# Meanwhile rank 0 reads ahead at most the equal shares of the ranks on its node: all of them here.
-"$PYTHON" - "$m" <<'PY' || fail "manifest: catalog_load timing or base read-ahead wrong"
+# Meanwhile rank 0 reads ahead at most the equal shares of the ranks on its node: all of them here,
+# and the base was cold, so every byte of it.
+"$PYTHON" - "$m" "$base_before" <<'PY' || fail "manifest: catalog_load timing or base read-ahead wrong"
 import json, sys
 m = json.load(open(sys.argv[1]))
+if int(sys.argv[2]) == 0:  # the base was evicted: the read-ahead read all of it
+    assert m["base_read_ahead"]["bytes"] == m["bytes_read"]["base"], (m["base_read_ahead"], m["bytes_read"])
 t = m["timings"]
 assert t["catalog_load"] > 0, t
 assert t["total"] >= t["catalog_load"] + t["plan"] + t["merge"] - 1e-6, t

@@ -16,6 +16,7 @@
 #include "mergepipe/dtype.hpp"
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/byte_counters.hpp"
+#include "mergepipe/io/catalog_prefetch.hpp"
 #include "mergepipe/io/catalog_store.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/safetensors.hpp"
@@ -538,4 +539,61 @@ TEST(CatalogStore, ReadableWithH5py) {
          << c.experts[k].blocks[0].l2 << "\n";
     EXPECT_NE(out.find(want.str()), std::string::npos) << want.str() << " not in:\n" << out;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(CatalogPrefetch, ReadsCatalogH5AndTheHeadersOfTheSelectedExperts) {
+  TempDir tmp;
+  const std::vector<TensorInfo> tensors = {{"w", DType::kBF16, {4, 8}}};
+  const std::vector<std::vector<float>> values = {std::vector<float>(32, 0.5f)};
+  Catalog c = synthetic_catalog();
+  const auto on_disk = [&](CheckpointLocation& loc, const std::string& name) {
+    write_checkpoint(tmp.file(name), tensors, values);
+    const CheckpointLocation real = location_of(tmp.file(name));
+    loc.dir = real.dir;
+    loc.shard_names = real.shard_names;
+    loc.files = real.files;
+    loc.tensor_file.assign(c.tensors.size(), 0);
+  };
+  on_disk(c.base, "base");
+  on_disk(c.experts[0].location, "e0");
+  on_disk(c.experts[1].location, "e1");
+  const std::string path = tmp.file("cat");
+  io::save_catalog(c, path);
+
+  // What a safetensors file's header occupies: the 8-byte length and the JSON it gives.
+  const auto header_bytes = [&](const std::string& name) {
+    const std::string file = tmp.file(name) + "/model.safetensors";
+    std::array<std::byte, 8> length{};
+    io::File(file, io::File::Mode::kRead).read_at(0, length);
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint64_t>(length[i]);
+    return 8 + n;
+  };
+  const std::uint64_t h5 = io::stat_identity(path + "/catalog.h5").size;
+  EXPECT_EQ(io::prefetch_catalog_inputs(path),
+            h5 + header_bytes("base") + header_bytes("e0") + header_bytes("e1"));
+  EXPECT_EQ(io::prefetch_catalog_inputs(path, std::vector<std::string>{tmp.file("e1")}),
+            h5 + header_bytes("base") + header_bytes("e1"));
+
+  // A hint only: what is missing is skipped, never an error (the load reports it).
+  fs::remove_all(tmp.file("e1"));
+  EXPECT_EQ(io::prefetch_catalog_inputs(path), h5 + header_bytes("base") + header_bytes("e0"));
+  EXPECT_EQ(io::prefetch_catalog_inputs(tmp.file("nothing")), 0u);
+}
+
+TEST(CatalogStore, SummaryHasTheLocationsWithoutTheArrays) {
+  TempDir tmp;
+  const Catalog c = synthetic_catalog();
+  const std::string path = tmp.file("cat");
+  io::save_catalog(c, path);
+  const Catalog summary = io::load_catalog_summary(path);
+  EXPECT_EQ(summary.family_id, c.family_id);
+  EXPECT_EQ(summary.base.files, c.base.files);
+  ASSERT_EQ(summary.experts.size(), 2u);
+  EXPECT_EQ(summary.experts[1].location.files, c.experts[1].location.files);
+  EXPECT_TRUE(summary.tensors.empty());
+  EXPECT_TRUE(summary.experts[0].blocks.empty());
+  EXPECT_THROW(io::load_catalog_summary(tmp.file("nothing")), InputError);
 }

@@ -136,5 +136,15 @@ TEST(ReadAhead, RankSharesAreEqualCutsInRankOrder) {
   EXPECT_EQ(total_bytes(kThreeFiles), 147u);
 }
 
+TEST(ReadAhead, FinishedFirstOnlyOnASingleNodeAndWhenItFitsInMemory) {
+  constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+  EXPECT_TRUE(finish_read_ahead_first(2, 2, kGiB, 24 * kGiB));
+  EXPECT_TRUE(finish_read_ahead_first(1, 1, 6 * kGiB, 24 * kGiB));   // a quarter exactly
+  EXPECT_FALSE(finish_read_ahead_first(1, 1, 7 * kGiB, 24 * kGiB));  // more than a quarter
+  EXPECT_FALSE(finish_read_ahead_first(2, 4, kGiB, 24 * kGiB));      // other nodes would idle
+  EXPECT_FALSE(finish_read_ahead_first(0, 2, kGiB, 24 * kGiB));      // placement unknown
+  EXPECT_FALSE(finish_read_ahead_first(0, 0, 0, 24 * kGiB));
+}
+
 }  // namespace
 }  // namespace mergepipe::io

@@ -27,6 +27,10 @@ using ExpertSelection = std::optional<std::vector<std::string>>;
 // merge of 2 experts from a catalog of 20 then skips inflating 18 experts' sketches (0.3 s).
 Catalog load_catalog(const std::string& path, const ExpertSelection& only = std::nullopt);
 
+// Reads catalog.json alone: format, family, blocking and the base's and experts' locations (their
+// file identities), without the arrays of catalog.h5. Throws as load_catalog does.
+Catalog load_catalog_summary(const std::string& path);
+
 // Writes a catalog folder atomically: into a temporary folder next to `path`, fsynced, then
 // swapped into place (an existing catalog at `path` is replaced as a whole). Refuses (UsageError)
 // to replace a `path` that exists and is not a catalog folder.
