@@ -126,8 +126,11 @@ MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOp
   pipeline.plan_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (read_ahead.reader) {
+    const auto wait_start = std::chrono::steady_clock::now();
     pipeline.base_read_ahead_bytes =
         read_ahead.finish ? read_ahead.reader->wait() : read_ahead.reader->stop();
+    pipeline.base_read_ahead_wait_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
     pipeline.base_read_ahead_seconds = read_ahead.reader->seconds();
   }
   task.spec = spec;

@@ -258,40 +258,41 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
     record.max_rss_bytes = outcome.run.max_rss_bytes;
     record.lineage_parents = lineage_of(task);
     record.replay_of = options.replay_of;
-    record.extra = {
-        {"io_threads", options.io_threads},
-        {"prefetch_depth", outcome.prefetch_depth},
-        {"schedule", options.schedule == mpi::Schedule::kStatic ? "static" : "dynamic"},
-        {"read_bytes", options.read_bytes},
-        {"cpus_per_rank", placement.rank_cpus},
-        {"input_io",
-         {{"mode", std::string(io::input_io_name(options.input_io))},
-          {"files", outcome.run.input_files},
-          {"direct_files", outcome.run.input_files_direct}}},
-        {"full_read_windows",
-         {{"windows", outcome.run.windows},
-          {"held_shares", outcome.run.held_shares},
-          {"held_bytes", outcome.run.held_bytes}}},
-        {"base_read_ahead",
-         {{"bytes", options.base_read_ahead_bytes}, {"seconds", options.base_read_ahead_seconds}}},
-        {"verify_reads", options.verify_reads == mpi::VerifyReads::kAll   ? "all"
-                         : options.verify_reads == mpi::VerifyReads::kOff ? "off"
-                                                                          : "first"},
-        {"resume",
-         {{"resumed", resumed != 0},
-          {"blocks_total", outcome.run.blocks_total},
-          {"blocks_kept", outcome.run.blocks_resumed},
-          {"blocks_rejected", outcome.run.blocks_rejected},
-          {"bytes_checked", outcome.run.bytes_resume_check}}},
-        {"kernel_io",
-         {{"available", kio.available},
-          {"rchar", k_rchar},
-          {"wchar", k_wchar},
-          {"read_bytes", k_read},
-          {"write_bytes", k_write}}}};
+    record.extra = {{"io_threads", options.io_threads},
+                    {"prefetch_depth", outcome.prefetch_depth},
+                    {"schedule", options.schedule == mpi::Schedule::kStatic ? "static" : "dynamic"},
+                    {"read_bytes", options.read_bytes},
+                    {"cpus_per_rank", placement.rank_cpus},
+                    {"input_io",
+                     {{"mode", std::string(io::input_io_name(options.input_io))},
+                      {"files", outcome.run.input_files},
+                      {"direct_files", outcome.run.input_files_direct}}},
+                    {"full_read_windows",
+                     {{"windows", outcome.run.windows},
+                      {"held_shares", outcome.run.held_shares},
+                      {"held_bytes", outcome.run.held_bytes}}},
+                    {"base_read_ahead",
+                     {{"bytes", options.base_read_ahead_bytes},
+                      {"seconds", options.base_read_ahead_seconds},
+                      {"wait_seconds", options.base_read_ahead_wait_seconds}}},
+                    {"verify_reads", options.verify_reads == mpi::VerifyReads::kAll   ? "all"
+                                     : options.verify_reads == mpi::VerifyReads::kOff ? "off"
+                                                                                      : "first"},
+                    {"resume",
+                     {{"resumed", resumed != 0},
+                      {"blocks_total", outcome.run.blocks_total},
+                      {"blocks_kept", outcome.run.blocks_resumed},
+                      {"blocks_rejected", outcome.run.blocks_rejected},
+                      {"bytes_checked", outcome.run.bytes_resume_check}}},
+                    {"kernel_io",
+                     {{"available", kio.available},
+                      {"rchar", k_rchar},
+                      {"wchar", k_wchar},
+                      {"read_bytes", k_read},
+                      {"write_bytes", k_write}}}};
     outcome.total_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() +
-        options.catalog_load_seconds + options.plan_seconds;
+        options.catalog_load_seconds + options.plan_seconds + options.base_read_ahead_wait_seconds;
     record.timings = {{"catalog_load", options.catalog_load_seconds},
                       {"plan", options.plan_seconds},
                       {"threshold_scan", outcome.run.scan_seconds},

@@ -39,6 +39,7 @@ struct PipelineOptions {
   // The start of the base read into the page cache while rank 0 loaded the catalog and planned.
   std::uint64_t base_read_ahead_bytes = 0;
   double base_read_ahead_seconds = 0;
+  double base_read_ahead_wait_seconds = 0;  // rank 0 waiting for it to finish after the plan
   // Where this node's ranks run, when the command found out already (else execute_and_publish
   // does; it is collective).
   std::optional<mpi::CpuPlacement> placement;

@@ -69,10 +69,12 @@ def main():
                 m = json.load(f)
             t = m["timings"]
             ahead = m.get("base_read_ahead", {}).get("bytes", 0)
+            ahead_wait = m.get("base_read_ahead", {}).get("wait_seconds", 0)
             walls[name].append(wall)
             print(f"rep {rep} {name}: {wall:.2f} s  (catalog {t.get('catalog_load', 0):.2f}, merge {t['merge']:.2f}, read_wait "
                   f"{t['read_wait']:.2f}, compute {t['compute']:.2f}, write {t['write']:.2f}, sync "
-                  f"{t['output_sync']:.2f}, base read ahead {ahead / 1e9:.2f} GB)",
+                  f"{t['output_sync']:.2f}, base read ahead {ahead / 1e9:.2f} GB, waited for "
+                  f"{ahead_wait:.2f} s)",
                   flush=True)
     shutil.rmtree(out, ignore_errors=True)
     ma, mb = statistics.median(walls["A"]), statistics.median(walls["B"])

@@ -44,7 +44,7 @@ FIELDS = ["suite", "preset", "experts", "method", "config", "budget", "ranks", "
           "wall_s", "expert_bytes", "base_bytes", "output_bytes", "bytes_moved", "read_bw",
           "write_bw", "bound_s", "ratio", "speedup_vs_full", "full_wall_s", "read_once_s",
           "peak_rss_bytes", "plan_s", "merge_s", "kernel_read_bytes", "deviation_rel_l2",
-          "throughput_bps"]
+          "throughput_bps", "catalog_s", "program_s"]
 
 
 def log(*a):
@@ -197,7 +197,8 @@ class Bench:
                    output_bytes=b["output_written"], bytes_moved=moved, read_bw=round(read_bw),
                    write_bw=round(write_bw), bound_s=round(bound, 3), ratio=round(wall / bound, 3),
                    peak_rss_bytes=m["peak_rss_bytes"], plan_s=m["timings"]["plan"],
-                   merge_s=m["timings"]["merge"],
+                   merge_s=m["timings"]["merge"], catalog_s=m["timings"].get("catalog_load", 0),
+                   program_s=m["timings"]["total"],
                    kernel_read_bytes=m.get("kernel_io", {}).get("read_bytes", ""),
                    throughput_bps=round(moved / wall))
         row.update(extra)
