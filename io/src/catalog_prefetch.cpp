@@ -59,13 +59,7 @@ std::uint64_t prefetch_catalog_inputs(const std::string& catalog_path,
   try {
     const Catalog summary = load_catalog_summary(catalog_path);
     for (const FileIdentity& f : summary.base.files) wanted.push_back({f.path, true});
-    std::vector<bool> selected(summary.experts.size(), !only.has_value());
-    if (only) {
-      for (const std::string& dir : *only) {
-        const int k = summary.find_expert(dir);
-        if (k >= 0) selected[static_cast<std::size_t>(k)] = true;
-      }
-    }
+    const std::vector<bool> selected = selected_experts(summary, only);
     for (std::size_t k = 0; k < summary.experts.size(); ++k)
       if (selected[k])
         for (const FileIdentity& f : summary.experts[k].location.files)

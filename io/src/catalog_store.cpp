@@ -659,9 +659,6 @@ void save_catalog(const Catalog& catalog, const std::string& path) {
   sync_directory(parent.string());
 }
 
-namespace {
-
-// selected[k]: expert k of `c` is in `only` (all when there is no selection).
 std::vector<bool> selected_experts(const Catalog& c, const ExpertSelection& only) {
   std::vector<bool> selected(c.experts.size(), !only.has_value());
   if (only) {
@@ -672,8 +669,6 @@ std::vector<bool> selected_experts(const Catalog& c, const ExpertSelection& only
   }
   return selected;
 }
-
-}  // namespace
 
 Catalog load_catalog_summary(const std::string& path) {
   const fs::path dir(path);

@@ -27,6 +27,9 @@ using ExpertSelection = std::optional<std::vector<std::string>>;
 // merge of 2 experts from a catalog of 20 then skips inflating 18 experts' sketches (0.3 s).
 Catalog load_catalog(const std::string& path, const ExpertSelection& only = std::nullopt);
 
+// selected[k]: expert k of `c` is in `only` (every expert when there is no selection).
+std::vector<bool> selected_experts(const Catalog& c, const ExpertSelection& only);
+
 // Reads catalog.json alone: format, family, blocking and the base's and experts' locations (their
 // file identities), without the arrays of catalog.h5. Throws as load_catalog does.
 Catalog load_catalog_summary(const std::string& path);
