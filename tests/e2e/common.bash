@@ -8,6 +8,13 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 rm -rf "$TEST_SCRATCH"
 mkdir -p "$TEST_SCRATCH"
 cd "$TEST_SCRATCH"
+# Each test's mpiexec keeps its session folder apart: Open MPI 4.1 launchers starting and ending
+# at once in the shared /tmp/ompi.HOST.UID race (one removes it as another creates it: "orte_init
+# failed ... mkdir: File exists", seen once in a CI run with ctest -j 2). Short, for PMIx's socket
+# paths.
+OMPI_MCA_orte_tmpdir_base=$(mktemp -d /tmp/mp-ompi.XXXXXX)
+chmod 1777 "$OMPI_MCA_orte_tmpdir_base"  # as /tmp: tests that run a rank as another user
+export OMPI_MCA_orte_tmpdir_base
 # A passing test leaves no scratch behind (some hold GBs of synthetic weights); a failing one
 # keeps it for inspection. Tests add their own clean-up with on_exit (a trap would replace this one).
 exit_hooks=()
@@ -15,6 +22,7 @@ on_exit() { exit_hooks+=("$1"); }
 remove_scratch_if_passed() {
   local rc=$? hook
   for hook in "${exit_hooks[@]}"; do eval "$hook" || true; done
+  rm -rf "$OMPI_MCA_orte_tmpdir_base"
   ((rc == 0)) && cd / && rm -rf "$TEST_SCRATCH"
   return "$rc"
 }

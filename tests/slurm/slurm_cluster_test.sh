@@ -26,7 +26,7 @@ cleanup() {
     done
   fi
   bash "$CLUSTER_SH" stop "$CLUSTER" >/dev/null 2>&1 || echo "WARNING: stopping the cluster in $CLUSTER failed" >&2
-  rm -rf "$CLUSTER"
+  rm -rf "$CLUSTER" "$OMPI_MCA_orte_tmpdir_base"
   ((rc == 0)) && cd / && rm -rf "$TEST_SCRATCH"
   exit "$rc"
 }
