@@ -79,6 +79,14 @@ File File::open_direct(const std::string& path) {
   return file;
 }
 
+File File::open_direct_write(const std::string& path) {
+  File file;
+  file.path_ = path;
+  file.fd_ = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+  if (file.fd_ < 0 && errno != EINVAL) throw_open_error(path, errno);
+  return file;
+}
+
 std::size_t File::read_until_end(std::uint64_t offset, std::span<std::byte> dst,
                                  bool einval_refused) const {
   std::size_t done = 0;
@@ -149,6 +157,22 @@ bool File::read_direct_in_place(std::uint64_t offset, std::span<std::byte> dst) 
 }
 
 void File::write_at(std::uint64_t offset, std::span<const std::byte> src) const {
+  (void)write_until_done(offset, src, false);
+}
+
+bool File::write_direct_at(std::uint64_t offset, std::span<const std::byte> src) const {
+  return write_until_done(offset, src, true);
+}
+
+void File::preallocate(std::uint64_t size) const {
+  if (::fallocate(fd_, 0, 0, static_cast<off_t>(size)) == 0) return;
+  const int err = errno;
+  if (err == EOPNOTSUPP || err == ENOSYS) return;
+  throw IoError(path_ + ": cannot reserve " + std::to_string(size) + " bytes: " + errno_text(err));
+}
+
+bool File::write_until_done(std::uint64_t offset, std::span<const std::byte> src,
+                            bool einval_refused) const {
   std::size_t done = 0;
   int eio_retries = 0;
   while (done < src.size()) {
@@ -161,6 +185,7 @@ void File::write_at(std::uint64_t offset, std::span<const std::byte> src) const 
         backoff(eio_retries);
         continue;
       }
+      if (err == EINVAL && einval_refused && done == 0) return false;
       throw IoError(path_ + ": write of " + std::to_string(want) + " bytes at offset " +
                     std::to_string(offset + done) + " failed: " + errno_text(err));
     }
@@ -169,6 +194,7 @@ void File::write_at(std::uint64_t offset, std::span<const std::byte> src) const 
                     std::to_string(offset + done) + " wrote nothing (disk full?)");
     done += static_cast<std::size_t>(put);
   }
+  return true;
 }
 
 void File::append(std::span<const std::byte> src) const {

@@ -14,6 +14,7 @@ inline constexpr std::size_t kDirectAlignment = 4096;
 class AlignedBuffer {
  public:
   std::byte* data() noexcept { return data_.get(); }
+  const std::byte* data() const noexcept { return data_.get(); }
   std::size_t capacity() const noexcept { return capacity_; }
   // At least n bytes; the contents are unspecified afterwards.
   void reserve(std::size_t n);

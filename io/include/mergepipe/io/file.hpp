@@ -24,6 +24,8 @@ class File {
   // cache. Returns a closed File when the file system refuses O_DIRECT (open fails with EINVAL);
   // other failures throw IoError.
   static File open_direct(const std::string& path);
+  // The same for writing an existing file (no O_CREAT, no truncation).
+  static File open_direct_write(const std::string& path);
   ~File();
   File(File&& other) noexcept;
   File& operator=(File&& other) noexcept;
@@ -44,6 +46,14 @@ class File {
   // memory up to the next boundary after dst's end writable (its bytes become the file's).
   bool read_direct_in_place(std::uint64_t offset, std::span<std::byte> dst) const;
   void write_at(std::uint64_t offset, std::span<const std::byte> src) const;
+  // write_at on a File from open_direct_write: offset, src.data() and src.size() must be
+  // multiples of kDirectAlignment. Returns false, having written nothing, when the device
+  // refuses the request (EINVAL); the caller then writes through the page cache.
+  bool write_direct_at(std::uint64_t offset, std::span<const std::byte> src) const;
+  // Reserves the file's blocks up to `size` and makes it at least that long (fallocate): a full
+  // disk fails here, before anything is written. A file system without fallocate is left as it
+  // is.
+  void preallocate(std::uint64_t size) const;
   // kAppend files: one write(2) of all of `src` (short writes are an IoError, never retried in
   // pieces, so a record is either whole or torn at the very end of the file).
   void append(std::span<const std::byte> src) const;
@@ -67,6 +77,10 @@ class File {
   std::size_t read_until_end(std::uint64_t offset, std::span<std::byte> dst,
                              bool einval_refused) const;
 
+  // Writes all of src at offset (retries as read_at says); returns false on EINVAL before
+  // anything was written when `einval_refused` (O_DIRECT alignment).
+  bool write_until_done(std::uint64_t offset, std::span<const std::byte> src,
+                        bool einval_refused) const;
   int fd_ = -1;
   std::string path_;
 };
