@@ -107,6 +107,9 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
       "input-io", po::value(&text.input_io)->default_value("auto"),
       "how inputs read once are read: direct (O_DIRECT, around the page cache), buffered, or "
       "auto (direct for files not already cached)")(
+      "output-io", po::value(&text.output_io)->default_value("direct"),
+      "how the safetensors shards are written: direct (whole pages with O_DIRECT, around the page "
+      "cache) or buffered")(
       "schedule", po::value(&text.schedule)->default_value("dynamic"),
       "how a node's blocks are spread over its ranks: dynamic (chunks drawn as ranks finish) or "
       "static (a fixed range per rank)");
@@ -132,6 +135,11 @@ void finish_run_options(const RunOptionText& text, PipelineOptions& options,
        {io::input_io_name(io::InputIo::kDirect), io::InputIo::kDirect},
        {io::input_io_name(io::InputIo::kBuffered), io::InputIo::kBuffered}},
       command + ": --input-io");
+  options.output_io = parse_choice<io::OutputIo>(
+      text.output_io,
+      {{io::output_io_name(io::OutputIo::kDirect), io::OutputIo::kDirect},
+       {io::output_io_name(io::OutputIo::kBuffered), io::OutputIo::kBuffered}},
+      command + ": --output-io");
   options.schedule = parse_choice<mpi::Schedule>(
       text.schedule, {{"dynamic", mpi::Schedule::kDynamic}, {"static", mpi::Schedule::kStatic}},
       command + ": --schedule");
@@ -214,6 +222,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
   run_options.resume = resumed != 0;
   run_options.verify_reads = options.verify_reads;
   run_options.input_io = options.input_io;
+  run_options.output_io = options.output_io;
   run_options.schedule = options.schedule;
   run_options.progress = display.get();
   outcome.run = mpi::run_merge(comm, task, run_options);
@@ -267,6 +276,9 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
                      {{"mode", std::string(io::input_io_name(options.input_io))},
                       {"files", outcome.run.input_files},
                       {"direct_files", outcome.run.input_files_direct}}},
+                    {"output_io",
+                     {{"mode", std::string(io::output_io_name(options.output_io))},
+                      {"direct_bytes", outcome.run.output_bytes_direct}}},
                     {"full_read_windows",
                      {{"windows", outcome.run.windows},
                       {"held_shares", outcome.run.held_shares},

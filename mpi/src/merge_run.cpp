@@ -324,11 +324,15 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   InfoHints hints(options.mpiio_hints);
   std::unique_ptr<io::OutputLayout> layout;
   std::unique_ptr<StagedOutput> output;
+  const SafetensorsSink* safetensors_output = nullptr;
   if (task.format == OutputFormat::kSafetensors) {
     layout = std::make_unique<io::OutputLayout>(
         io::make_output_layout(out_tensors, task.max_shard_bytes));
     result.files = layout->shard_names;
-    output = std::make_unique<SafetensorsSink>(comm, *layout, options.output_dir, hints);
+    auto sink = std::make_unique<SafetensorsSink>(comm, *layout, options.output_dir, hints,
+                                                  options.output_io);
+    safetensors_output = sink.get();
+    output = std::move(sink);
   } else {
     result.files = {kHdf5OutputName};
     const std::string path = options.output_dir + "/" + kHdf5OutputName;
@@ -637,6 +641,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   const auto finish_start = Clock::now();
   output->finish();
   const double finish_seconds = seconds_since(finish_start);
+  const std::uint64_t output_direct = safetensors_output ? safetensors_output->direct_bytes() : 0;
 
   // Output hashes of every block on rank 0: the confirmed claims plus what each rank merged.
   const auto parts = comm.gather(pack_hashes(mine), 0, "gather output hashes");
@@ -682,6 +687,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.max_rss_bytes = comm.allreduce_max(peak_rss_bytes(), "reduce rss");
   result.input_files = comm.allreduce_sum(input_files, "reduce input files");
   result.input_files_direct = comm.allreduce_sum(input_files_direct, "reduce input files");
+  result.output_bytes_direct = comm.allreduce_sum(output_direct, "reduce output bytes");
   result.windows = window_count;
   result.held_shares = comm.allreduce_sum(held_shares, "reduce held windows");
   result.held_bytes = comm.allreduce_sum(held_bytes, "reduce held windows");

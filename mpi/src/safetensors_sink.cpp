@@ -1,5 +1,6 @@
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/byte_counters.hpp"
+#include "mergepipe/io/file.hpp"
 #include "mergepipe/mpi/output_sinks.hpp"
 
 namespace mergepipe::mpi {
@@ -8,7 +9,8 @@ namespace mergepipe::mpi {
 // alone (rank 0's header write on a full disk) must not leave the others waiting in the next
 // collective, nor unwind into a collective close they never reach.
 SafetensorsSink::SafetensorsSink(const Comm& comm, const io::OutputLayout& layout,
-                                 const std::string& dir, const InfoHints& hints)
+                                 const std::string& dir, const InfoHints& hints,
+                                 io::OutputIo output_io)
     : comm_(comm), layout_(layout), dir_(dir) {
   for (std::size_t s = 0; s < layout.shards.size(); ++s) {
     const std::string path = dir + "/" + layout.shard_names[s];
@@ -19,6 +21,11 @@ SafetensorsSink::SafetensorsSink(const Comm& comm, const io::OutputLayout& layou
   comm.check(capture_failure([&] {
                if (!comm.is_root()) return;
                for (std::size_t s = 0; s < layout.shards.size(); ++s) {
+                 // Every block of the shard reserved up front: a disk too small fails now, not
+                 // after minutes of merging, and the ranks' direct writes land on allocated
+                 // blocks inside the file (ext4 then lets them run side by side).
+                 io::File(dir + "/" + layout.shard_names[s], io::File::Mode::kReadWrite)
+                     .preallocate(layout.shards[s].file_size);
                  const std::string& header = layout.shards[s].header_bytes;
                  files_[s]->write_at(0, std::as_bytes(std::span(header.data(), header.size())));
                  io::global_byte_counters().add(io::ByteCategory::kOutputWritten, header.size());
@@ -29,7 +36,10 @@ SafetensorsSink::SafetensorsSink(const Comm& comm, const io::OutputLayout& layou
   // underneath on a POSIX file system): the merging thread hands them over and goes on.
   std::vector<std::string> paths;
   for (const std::string& name : layout.shard_names) paths.push_back(dir + "/" + name);
-  comm.check(capture_failure([&] { writer_ = std::make_unique<io::AsyncFileWriter>(paths); }),
+  comm.check(capture_failure([&] {
+               writer_ = std::make_unique<io::AsyncFileWriter>(
+                   paths, 4, io::AsyncFileWriter::kDefaultFlushEvery, output_io);
+             }),
              "open the output shards for writing");
 }
 
@@ -48,6 +58,7 @@ OutputLocation SafetensorsSink::locate(std::uint32_t tensor, std::uint64_t elem_
 
 void SafetensorsSink::finish() {
   comm_.check(capture_failure([&] { writer_->finish(); }), "write the output shards");
+  direct_bytes_ = writer_->direct_bytes();
   writer_.reset();
   for (std::size_t s = 0; s < files_.size(); ++s) {
     MpiFile& f = *files_[s];

@@ -2,9 +2,10 @@
 // C library calls of a process fail on chosen files, so the tests exercise real error paths of an
 // unmodified mergepipe binary. Production code has no test hook. Configured by environment:
 //
-//   MERGEPIPE_FAULT_ENOSPC_PATH=PREFIX  write, pwrite, pwrite64, writev, pwritev, pwritev2 on a
-//   MERGEPIPE_FAULT_ENOSPC_AFTER=BYTES  file whose path starts with PREFIX fail with ENOSPC once
-//                                       this process has written BYTES (default 0) under PREFIX
+//   MERGEPIPE_FAULT_ENOSPC_PATH=PREFIX  write, pwrite, pwrite64, writev, pwritev, pwritev2 and
+//   MERGEPIPE_FAULT_ENOSPC_AFTER=BYTES  fallocate (its length counts as written) on a file whose
+//                                       path starts with PREFIX fail with ENOSPC once this
+//                                       process has written BYTES (default 0) under PREFIX
 //   MERGEPIPE_FAULT_EIO_FILE=PATH       the first MERGEPIPE_FAULT_EIO_COUNT (default 1) calls of
 //   MERGEPIPE_FAULT_EIO_COUNT=N         read, pread, pread64, preadv, preadv2 on the file PATH
 //                                       (its absolute, symlink-free path) fail with EIO
@@ -19,6 +20,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,6 +131,16 @@ ssize_t pwritev(int fd, const struct iovec* iov, int count, off_t offset) {
 ssize_t pwritev2(int fd, const struct iovec* iov, int count, off_t offset, int flags) {
   if (write_fails(fd, iov_bytes(iov, count))) return -1;
   return NEXT(pwritev2)(fd, iov, count, offset, flags);
+}
+
+int fallocate(int fd, int mode, off_t offset, off_t length) {
+  if (write_fails(fd, (size_t)length)) return -1;
+  return NEXT(fallocate)(fd, mode, offset, length);
+}
+
+int fallocate64(int fd, int mode, off64_t offset, off64_t length) {
+  if (write_fails(fd, (size_t)length)) return -1;
+  return NEXT(fallocate64)(fd, mode, offset, length);
 }
 
 ssize_t read(int fd, void* buf, size_t n) {

@@ -1,5 +1,6 @@
 #pragma once
 // OutputSinks that write a rank's merged blocks into files shared by all ranks.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,19 +26,22 @@ class StagedOutput : public OutputSink {
   virtual void finish() = 0;  // collective, on success only
 };
 
-// safetensors shards: collective MPI-IO open of every shard (creation, hints), rank 0 writes the
-// headers, every rank writes its blocks at offsets fixed by the layout from a writer thread
-// (io::AsyncFileWriter: positioned POSIX writes, early writeback), then fdatasync and a
+// safetensors shards: collective MPI-IO open of every shard (creation, hints), rank 0 reserves
+// every shard's blocks (fallocate) and writes the headers, every rank writes its blocks at
+// offsets fixed by the layout from a writer thread (io::AsyncFileWriter: positioned POSIX
+// writes, whole pages O_DIRECT as `output_io` says, early writeback), then fdatasync and a
 // collective set_size + sync + close.
 // Opening an existing shard (a resumed run) keeps its bytes.
 class SafetensorsSink : public StagedOutput {
  public:
   SafetensorsSink(const Comm& comm, const io::OutputLayout& layout, const std::string& dir,
-                  const InfoHints& hints);
+                  const InfoHints& hints, io::OutputIo output_io);
   void write(std::uint32_t tensor, std::uint64_t elem_begin,
              std::span<const std::byte> bytes) override;
   OutputLocation locate(std::uint32_t tensor, std::uint64_t elem_begin) const override;
   void finish() override;
+  // After finish(): this rank's bytes written with O_DIRECT.
+  std::uint64_t direct_bytes() const noexcept { return direct_bytes_; }
 
  private:
   const Comm& comm_;
@@ -45,6 +49,7 @@ class SafetensorsSink : public StagedOutput {
   std::string dir_;
   std::vector<std::unique_ptr<MpiFile>> files_;
   std::unique_ptr<io::AsyncFileWriter> writer_;
+  std::uint64_t direct_bytes_ = 0;
 };
 
 // One parallel-HDF5 file, one contiguous dataset per tensor, created collectively with
