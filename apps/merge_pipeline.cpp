@@ -107,9 +107,10 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
       "input-io", po::value(&text.input_io)->default_value("auto"),
       "how inputs read once are read: direct (O_DIRECT, around the page cache), buffered, or "
       "auto (direct for files not already cached)")(
-      "output-io", po::value(&text.output_io)->default_value("direct"),
+      "output-io", po::value(&text.output_io)->default_value("auto"),
       "how the safetensors shards are written: direct (whole pages with O_DIRECT, around the page "
-      "cache) or buffered")(
+      "cache), buffered, or auto (direct unless the merge reads whole files through the cache: a "
+      "linear or DARE --full-read)")(
       "schedule", po::value(&text.schedule)->default_value("dynamic"),
       "how a node's blocks are spread over its ranks: dynamic (chunks drawn as ranks finish) or "
       "static (a fixed range per rank)");
@@ -137,7 +138,8 @@ void finish_run_options(const RunOptionText& text, PipelineOptions& options,
       command + ": --input-io");
   options.output_io = parse_choice<io::OutputIo>(
       text.output_io,
-      {{io::output_io_name(io::OutputIo::kDirect), io::OutputIo::kDirect},
+      {{io::output_io_name(io::OutputIo::kAuto), io::OutputIo::kAuto},
+       {io::output_io_name(io::OutputIo::kDirect), io::OutputIo::kDirect},
        {io::output_io_name(io::OutputIo::kBuffered), io::OutputIo::kBuffered}},
       command + ": --output-io");
   options.schedule = parse_choice<mpi::Schedule>(
@@ -278,6 +280,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
                       {"direct_files", outcome.run.input_files_direct}}},
                     {"output_io",
                      {{"mode", std::string(io::output_io_name(options.output_io))},
+                      {"written", std::string(io::output_io_name(outcome.run.output_io))},
                       {"direct_bytes", outcome.run.output_bytes_direct}}},
                     {"full_read_windows",
                      {{"windows", outcome.run.windows},

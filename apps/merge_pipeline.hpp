@@ -27,7 +27,7 @@ struct PipelineOptions {
   bool resume = true;
   mpi::VerifyReads verify_reads = mpi::VerifyReads::kFirstPerFile;
   io::InputIo input_io = io::InputIo::kAuto;
-  io::OutputIo output_io = io::OutputIo::kDirect;
+  io::OutputIo output_io = io::OutputIo::kAuto;
   mpi::Schedule schedule = mpi::Schedule::kDynamic;
   OutputStyle style;
   std::vector<std::pair<std::string, std::string>> mpiio_hints;
@@ -52,7 +52,7 @@ struct RunOptionText {
   std::string read_size = "128KiB";
   std::string verify_reads = "first";
   std::string input_io = "auto";
-  std::string output_io = "direct";
+  std::string output_io = "auto";
   std::string schedule = "dynamic";
   bool no_resume = false;
   OutputStyleText style;

@@ -329,8 +329,12 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     layout = std::make_unique<io::OutputLayout>(
         io::make_output_layout(out_tensors, task.max_shard_bytes));
     result.files = layout->shard_names;
+    // Whole files through the cache: a linear or DARE full read, or TIES windows not held.
+    const bool streams_inputs_through_cache =
+        task.full_read && !(scan_thresholds_from_data && options.hold_windows);
+    result.output_io = io::resolve_output_io(options.output_io, streams_inputs_through_cache);
     auto sink = std::make_unique<SafetensorsSink>(comm, *layout, options.output_dir, hints,
-                                                  options.output_io);
+                                                  result.output_io);
     safetensors_output = sink.get();
     output = std::move(sink);
   } else {

@@ -28,6 +28,16 @@ read -r count held held_bytes <<<"$(windows naive-ties-4k)"
 ((count >= 1 && held == 2 * count)) || fail "full-read TIES held $held of 2 x $count window shares"
 ((held_bytes > once)) || fail "held windows hold $held_bytes bytes, less than the experts' $once"
 [[ "$(windows naive-linear)" == "0 0 0" ]] || fail "a linear full read reports held windows: $(windows naive-linear)"
+# --output-io auto: a linear full read streams whole files through the page cache, so its output
+# goes through it too; the full-read TIES (its windows read directly) and the budgeted merges
+# write their whole pages directly.
+written() { echo "$(json_get "$1/mergepipe.manifest.json" output_io.written) $(json_get "$1/mergepipe.manifest.json" output_io.direct_bytes)"; }
+[[ "$(written naive-linear)" == "buffered 0" ]] || fail "linear full read wrote its output: $(written naive-linear)"
+read -r how direct <<<"$(written naive-ties)"
+[[ "$how" == direct && "$direct" -gt 0 ]] || fail "full-read TIES wrote its output: $how, $direct bytes direct"
+# (On the catalog's 4 KiB blocks, which start at unaligned offsets, no block holds a whole page.)
+read -r how direct <<<"$(written full-linear)"
+[[ "$how" == direct && "$direct" -eq 0 ]] || fail "budgeted linear on 4 KiB blocks wrote its output: $how, $direct bytes direct"
 # Chunks drawn by the ranks as they go (the default) or a fixed range per rank: the same model.
 run_np 2 merge ties.yaml --catalog cat --budget 100% --out static-ties --threads 2 --schedule static --quiet
 same_model_files full-ties static-ties

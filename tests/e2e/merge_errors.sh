@@ -14,7 +14,7 @@ expect_no_output o2
 expect_exit 2 "catalog" "$MERGEPIPE" merge c.yaml --out o3
 expect_exit 2 "--input-io must be auto, direct or buffered" "$MERGEPIPE" merge c.yaml --catalog cat --input-io sideways --out o3
 expect_no_output o3
-expect_exit 2 "--output-io must be direct or buffered" "$MERGEPIPE" merge c.yaml --catalog cat --output-io sideways --out o3
+expect_exit 2 "--output-io must be auto, direct or buffered" "$MERGEPIPE" merge c.yaml --catalog cat --output-io sideways --out o3
 expect_no_output o3
 expect_exit 2 "--schedule must be dynamic or static" "$MERGEPIPE" merge c.yaml --catalog cat --schedule random --out o3
 expect_no_output o3

@@ -188,6 +188,16 @@ TEST(FileWrite, AnUnalignedDirectWriteIsRefusedAndWritesNothing) {
   EXPECT_EQ(test::read_file(path), std::string(4096, 'x') + std::string(4096, 'y'));
 }
 
+TEST(OutputIoChoice, AutoIsDirectUnlessTheInputsStreamThroughTheCache) {
+  EXPECT_EQ(resolve_output_io(OutputIo::kAuto, false), OutputIo::kDirect);
+  EXPECT_EQ(resolve_output_io(OutputIo::kAuto, true), OutputIo::kBuffered);
+  for (bool streams : {false, true}) {
+    EXPECT_EQ(resolve_output_io(OutputIo::kDirect, streams), OutputIo::kDirect);
+    EXPECT_EQ(resolve_output_io(OutputIo::kBuffered, streams), OutputIo::kBuffered);
+  }
+  EXPECT_EQ(output_io_name(OutputIo::kAuto), "auto");
+}
+
 TEST(AsyncWriter, AFailedWriteIsReportedByFinishWithTheFile) {
   if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
   AsyncFileWriter writer({"/dev/full"}, 2, kMiB);

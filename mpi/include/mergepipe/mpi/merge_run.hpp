@@ -50,7 +50,7 @@ struct MergeRunOptions {
   // base and whole expert files are read through the page cache).
   io::InputIo input_io = io::InputIo::kAuto;
   // How the safetensors shards are written (an HDF5 output goes through the HDF5 library).
-  io::OutputIo output_io = io::OutputIo::kDirect;
+  io::OutputIo output_io = io::OutputIo::kAuto;
   // Full-read TIES: input bytes per rank per scan-then-merge window. Two held windows of up to
   // 5/4 of it each are in memory at once.
   std::uint64_t window_bytes = std::uint64_t{256} << 20;
@@ -70,11 +70,12 @@ struct MergeRunResult {
   double finish_seconds = 0;          // slowest rank: flushing and closing the output files
   std::uint64_t max_rss_bytes = 0;    // largest peak RSS over ranks
   std::uint64_t blocks_total = 0;
-  std::uint64_t blocks_resumed = 0;       // kept from an interrupted run after checking their bytes
-  std::uint64_t blocks_rejected = 0;      // claimed by a journal but their bytes did not match
-  std::uint64_t bytes_resume_check = 0;   // output bytes read back to check those claims
-  std::uint64_t input_files = 0;          // input shards opened, summed over ranks
-  std::uint64_t input_files_direct = 0;   // of which read with O_DIRECT
+  std::uint64_t blocks_resumed = 0;      // kept from an interrupted run after checking their bytes
+  std::uint64_t blocks_rejected = 0;     // claimed by a journal but their bytes did not match
+  std::uint64_t bytes_resume_check = 0;  // output bytes read back to check those claims
+  std::uint64_t input_files = 0;         // input shards opened, summed over ranks
+  std::uint64_t input_files_direct = 0;  // of which read with O_DIRECT
+  io::OutputIo output_io = io::OutputIo::kBuffered;  // how the shards were written (never kAuto)
   std::uint64_t output_bytes_direct = 0;  // output bytes written with O_DIRECT, summed over ranks
   // Full-read TIES: scan-then-merge windows, rank shares of them held in memory (summed over
   // ranks) and the input bytes read into those.
