@@ -71,20 +71,20 @@ File& File::operator=(File&& other) noexcept {
   return *this;
 }
 
-File File::open_direct(const std::string& path) {
+File File::open_with_direct(const std::string& path, int access) {
   File file;
   file.path_ = path;
-  file.fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  file.fd_ = ::open(path.c_str(), access | O_DIRECT | O_CLOEXEC);
   if (file.fd_ < 0 && errno != EINVAL) throw_open_error(path, errno);
   return file;
 }
 
+File File::open_direct(const std::string& path) {
+  return open_with_direct(path, O_RDONLY);
+}
+
 File File::open_direct_write(const std::string& path) {
-  File file;
-  file.path_ = path;
-  file.fd_ = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
-  if (file.fd_ < 0 && errno != EINVAL) throw_open_error(path, errno);
-  return file;
+  return open_with_direct(path, O_WRONLY);
 }
 
 std::size_t File::read_until_end(std::uint64_t offset, std::span<std::byte> dst,

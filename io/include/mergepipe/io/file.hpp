@@ -77,6 +77,8 @@ class File {
   std::size_t read_until_end(std::uint64_t offset, std::span<std::byte> dst,
                              bool einval_refused) const;
 
+  // open(2) with O_DIRECT and `access` (O_RDONLY, O_WRONLY); closed on EINVAL.
+  static File open_with_direct(const std::string& path, int access);
   // Writes all of src at offset (retries as read_at says); returns false on EINVAL before
   // anything was written when `einval_refused` (O_DIRECT alignment).
   bool write_until_done(std::uint64_t offset, std::span<const std::byte> src,
