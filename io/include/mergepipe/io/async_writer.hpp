@@ -32,7 +32,8 @@ class AsyncFileWriter {
   static constexpr std::uint64_t kDefaultFlushEvery = std::uint64_t{64} << 20;
 
   // Opens every path for writing (they must exist; nothing is truncated). flush_every == 0: no
-  // background fdatasync.
+  // background fdatasync. OutputIo::kAuto is taken as kBuffered: resolve it first
+  // (resolve_output_io).
   explicit AsyncFileWriter(const std::vector<std::string>& paths, std::size_t buffers = 4,
                            std::uint64_t flush_every = kDefaultFlushEvery,
                            OutputIo output_io = OutputIo::kBuffered);
