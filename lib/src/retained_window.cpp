@@ -1,13 +1,11 @@
 #include "mergepipe/retained_window.hpp"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "mergepipe/error.hpp"
@@ -16,9 +14,6 @@
 namespace mergepipe {
 
 namespace {
-
-// Memory is allocated in transparent huge pages where the system has them.
-constexpr std::uint64_t kHugePage = std::uint64_t{2} << 20;
 
 std::uint64_t round_up(std::uint64_t n) {
   return (n + kInPlaceAlignment - 1) / kInPlaceAlignment * kInPlaceAlignment;
@@ -36,10 +31,6 @@ std::uint64_t span_of(const BlockReader& from, const HeldRange& r) {
 
 }  // namespace
 
-void RetainedWindow::FreeAligned::operator()(std::byte* p) const noexcept {
-  std::free(p);
-}
-
 std::uint64_t RetainedWindow::footprint(const BlockReader& from,
                                         const std::vector<HeldRange>& ranges) {
   std::uint64_t total = 0;
@@ -52,22 +43,14 @@ void RetainedWindow::fill(BlockReader& from, const std::vector<HeldRange>& range
   held_.clear();
   from_ = &from;
   const std::uint64_t needed = footprint(from, ranges);
-  if (needed > capacity_) {
-    memory_.reset();
-    capacity_ = 0;
-    const std::uint64_t size = (needed + kHugePage - 1) / kHugePage * kHugePage;
-    void* p = std::aligned_alloc(kHugePage, size);
-    if (!p)
-      throw IoError("retained window: cannot allocate " + std::to_string(size >> 20) + " MiB");
-#ifdef MADV_HUGEPAGE
-    // Scanned and merged from memory rather than copied out of the page cache (which the kernel
-    // maps with huge pages), the window's 4 KiB pages made the TLB misses of a VM's nested page
-    // walks cost more than the copies saved: K=5 full-read TIES 7.0 -> 3.6 s of user time. A
-    // refusal (THP off) only costs that speed.
-    madvise(p, size, MADV_HUGEPAGE);
-#endif
-    memory_.reset(static_cast<std::byte*>(p));
-    capacity_ = size;
+  // Huge pages: scanned and merged from memory rather than copied out of the page cache (which
+  // the kernel maps with huge pages), the window's 4 KiB pages made the TLB misses of a VM's
+  // nested page walks cost more than the copies saved: K=5 full-read TIES 7.0 -> 3.6 s of user
+  // time.
+  try {
+    memory_.reserve(needed);
+  } catch (const std::bad_alloc&) {
+    throw IoError("retained window: cannot allocate " + std::to_string(needed >> 20) + " MiB");
   }
   // Each range gets its own pages; requests split it at page boundaries of the file, so they
   // write disjoint pages and the range ends up contiguous.
@@ -84,7 +67,7 @@ void RetainedWindow::fill(BlockReader& from, const std::vector<HeldRange>& range
   std::uint64_t used = 0;
   for (const HeldRange& r : ranges) {
     const std::uint64_t phase = phase_of(from, r);
-    std::byte* data = memory_.get() + used + phase;
+    std::byte* data = memory_.data() + used + phase;
     used += span_of(from, r);
     held[{r.source.expert, r.tensor}].push_back({r.byte_begin, r.length, data});
     // The first request ends on a page boundary of the file, the others are whole pages.

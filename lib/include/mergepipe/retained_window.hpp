@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "mergepipe/block_stream.hpp"
+#include "mergepipe/huge_page_buffer.hpp"
 
 namespace mergepipe {
 
@@ -37,7 +38,7 @@ class RetainedWindow final : public BlockReader {
   // nothing.
   void fill(BlockReader& from, const std::vector<HeldRange>& ranges, int threads,
             std::uint64_t request_bytes);
-  std::uint64_t capacity() const noexcept { return capacity_; }
+  std::uint64_t capacity() const noexcept { return memory_.capacity(); }
 
   // Only bytes inside one held range can be read or viewed; anything else is an error here.
   void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
@@ -52,14 +53,10 @@ class RetainedWindow final : public BlockReader {
     std::uint64_t byte_begin, length;
     std::byte* data;
   };
-  struct FreeAligned {
-    void operator()(std::byte* p) const noexcept;
-  };
   const Held* find(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
                    std::uint64_t length) const;
 
-  std::unique_ptr<std::byte, FreeAligned> memory_;
-  std::uint64_t capacity_ = 0;
+  HugePageBuffer memory_;
   std::map<std::pair<int, std::uint32_t>, std::vector<Held>> held_;  // sorted by byte_begin
   BlockReader* from_ = nullptr;
 };
