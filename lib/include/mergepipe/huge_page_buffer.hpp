@@ -3,9 +3,9 @@
 // huge pages (madvise; where THP is off it gets 4 KiB pages, which is only slower). Two reasons:
 // - O_DIRECT transfers: a direct request carries one segment per physically contiguous piece
 //   of memory, so a 128 KiB read into 4 KiB pages is 32 segments and a 4 MiB one is split at
-//   the device's segment limit (254 on the test VM's virtio disk). There, a cold O_DIRECT read
-//   of an expert file by 8 threads in 4 MiB requests ran at 0.76-0.87 GB/s into 4 KiB pages and
-//   at 2.7-7.5 GB/s into huge pages (docs/benchmarks.md).
+//   the device's segment limit (254 on the test VM's virtio disk). There, cold O_DIRECT reads
+//   of expert files by 8 threads in 4 MiB requests ran at 1.65-2.85 GB/s into 4 KiB pages and
+//   at 3.27-7.05 GB/s into huge pages (bench/direct_memory_bench, docs/benchmarks.md).
 // - Data scanned from memory: a VM's nested page walks make TLB misses expensive, and a 2 MiB
 //   page covers 512 times the bytes of a 4 KiB one (docs/benchmarks.md, the retained windows).
 // It keeps its capacity, so a user allocates (and faults in) its memory once.
