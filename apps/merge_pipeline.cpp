@@ -93,7 +93,10 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
       "prefetch", po::value(&options.prefetch_depth)->default_value(0),
       "slices read ahead per rank (0: 8 for a budgeted merge, 2 for --full-read)")(
       "read-size", po::value(&text.read_size)->default_value("128KiB"),
-      "largest single read: blocks are read and merged in slices of this size")(
+      "blocks are merged in slices of this size (and read so when not held in pieces)")(
+      "expert-piece-size", po::value(&text.expert_piece_size)->default_value("64MiB"),
+      "budgeted merge: admitted expert bytes read ahead into memory per piece, in 4 MiB "
+      "requests, while the previous piece merges (0 or off: read each slice as it merges)")(
       "force", po::bool_switch(&options.force),
       "replace an existing output folder (the new one is complete before the old one goes)")(
       "allow-nonfinite", po::bool_switch(&options.allow_nonfinite),
@@ -124,6 +127,10 @@ void finish_run_options(const RunOptionText& text, PipelineOptions& options,
   options.mpiio_hints = parse_hints(text.hints);
   options.read_bytes = parse_byte_size(text.read_size, command + ": --read-size");
   if (options.read_bytes < 4096) throw UsageError(command + ": --read-size must be at least 4KiB");
+  options.expert_piece_bytes =
+      text.expert_piece_size == "0" || text.expert_piece_size == "off"
+          ? 0
+          : parse_byte_size(text.expert_piece_size, command + ": --expert-piece-size");
   options.resume = !text.no_resume;
   options.verify_reads = parse_choice<mpi::VerifyReads>(text.verify_reads,
                                                         {{"first", mpi::VerifyReads::kFirstPerFile},
@@ -219,6 +226,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
       options.prefetch_depth > 0 ? options.prefetch_depth : default_prefetch_depth(task);
   run_options.prefetch_depth = outcome.prefetch_depth;
   run_options.read_bytes = options.read_bytes;
+  run_options.expert_piece_bytes = options.expert_piece_bytes;
   run_options.allow_nonfinite = options.allow_nonfinite;
   run_options.mpiio_hints = options.mpiio_hints;
   run_options.resume = resumed != 0;
@@ -282,6 +290,11 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
                      {{"mode", std::string(io::output_io_name(options.output_io))},
                       {"written", std::string(io::output_io_name(outcome.run.output_io))},
                       {"direct_bytes", outcome.run.output_bytes_direct}}},
+                    {"expert_pieces",
+                     {{"piece_bytes", task.full_read ? 0 : options.expert_piece_bytes},
+                      {"pieces", outcome.run.expert_pieces},
+                      {"held", outcome.run.held_pieces},
+                      {"held_bytes", outcome.run.held_piece_bytes}}},
                     {"full_read_windows",
                      {{"windows", outcome.run.windows},
                       {"held_shares", outcome.run.held_shares},

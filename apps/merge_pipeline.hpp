@@ -23,6 +23,7 @@ struct PipelineOptions {
   int io_threads = 8;
   int prefetch_depth = 0;  // 0: by the kind of merge (default_prefetch_depth)
   std::uint64_t read_bytes = 128u << 10;
+  std::uint64_t expert_piece_bytes = std::uint64_t{64} << 20;  // 0: no pieces
   bool allow_nonfinite = false;
   bool resume = true;
   mpi::VerifyReads verify_reads = mpi::VerifyReads::kFirstPerFile;
@@ -50,6 +51,7 @@ struct PipelineOptions {
 struct RunOptionText {
   std::vector<std::string> hints;
   std::string read_size = "128KiB";
+  std::string expert_piece_size = "64MiB";
   std::string verify_reads = "first";
   std::string input_io = "auto";
   std::string output_io = "auto";

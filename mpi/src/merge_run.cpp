@@ -17,6 +17,7 @@
 #include "mergepipe/error.hpp"
 #include "mergepipe/executor.hpp"
 #include "mergepipe/hash.hpp"
+#include "mergepipe/held_pieces.hpp"
 #include "mergepipe/io/checkpoint_reader.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hdf5_handle.hpp"
@@ -40,6 +41,9 @@ using Clock = std::chrono::steady_clock;
 // Largest request of a held window's read: large enough for the device, small enough that the
 // I/O threads share a window's ranges.
 constexpr std::uint64_t kHeldRequestBytes = std::uint64_t{8} << 20;
+// Largest request of a budgeted merge's expert piece (measured with --expert-piece-size 64MiB,
+// K = 20 TIES 10%: see docs/benchmarks.md).
+constexpr std::uint64_t kPieceRequestBytes = std::uint64_t{4} << 20;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -416,6 +420,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   double scan_seconds = 0, scan_read_wait = 0;
   std::uint64_t input_files = 0, input_files_direct = 0;
   std::uint64_t window_count = 0, held_shares = 0, held_bytes = 0;
+  std::uint64_t expert_pieces = 0, held_pieces = 0, held_piece_bytes = 0;
   auto failure = capture_failure([&] {
     io::JournalWriter journal(options.output_dir, comm.rank());
     io::CheckpointBlockReader reader(
@@ -440,27 +445,28 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     std::optional<WritebackSink> hdf5_sink;
     if (task.format == OutputFormat::kHdf5) hdf5_sink.emplace(*output);
     OutputSink& sink = hdf5_sink ? static_cast<OutputSink&>(*hdf5_sink) : *output;
-    auto add = [](ExecutionStats& into, const ExecutionStats& s) {
-      into.base_bytes += s.base_bytes;
-      into.expert_bytes += s.expert_bytes;
-      into.output_bytes += s.output_bytes;
-      into.nonfinite += s.nonfinite;
-      into.read_wait_seconds += s.read_wait_seconds;
-      into.compute_seconds += s.compute_seconds;
-      into.write_seconds += s.write_seconds;
-      into.stopped = into.stopped || s.stopped;
-    };
     if (!scan_thresholds_from_data) {
       // Chunks of this node's share, drawn in turn by its ranks until none are left (a static
       // schedule: this rank's own range).
       std::uint64_t own = 0;
-      auto draw = [&] { return node_work.counter ? node_work.counter->fetch_add(1) : own++; };
-      for (std::uint64_t next; !stats.stopped && (next = draw()) < node_work.chunks.size();) {
+      auto next_chunk = [&]() -> std::optional<std::vector<std::uint32_t>> {
+        const std::uint64_t next = node_work.counter ? node_work.counter->fetch_add(1) : own++;
+        if (next >= node_work.chunks.size()) return std::nullopt;
         const BlockRange chunk = node_work.chunks[next];
-        const std::vector<std::uint32_t> blocks(remaining.begin() + chunk.begin,
-                                                remaining.begin() + chunk.end);
-        add(stats, execute_blocks(job, blocks, reader, sink, &observer));
-      }
+        return std::vector<std::uint32_t>(remaining.begin() + chunk.begin,
+                                          remaining.begin() + chunk.end);
+      };
+      // A full read's experts are whole files through the cache's read-ahead: nothing to hold.
+      HeldPieceOptions pieces;
+      pieces.piece_bytes = task.full_read ? 0 : options.expert_piece_bytes;
+      pieces.fill_threads = std::max(1, options.io_threads / 2);
+      pieces.request_bytes = kPieceRequestBytes;
+      HeldPieceStats held;
+      accumulate(stats,
+                 execute_in_held_pieces(job, next_chunk, reader, sink, &observer, pieces, &held));
+      expert_pieces = held.pieces;
+      held_pieces = held.held_pieces;
+      held_piece_bytes = held.held_bytes;
       return;
     }
     ThresholdScan scan;
@@ -635,7 +641,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         for (std::size_t k = 0; k < experts; ++k)
           if (!changed[k]) unchanged_pairs[std::size_t{block} * experts + k] = 1;
       std::optional<Error> merge_failure = capture_failure(
-          [&] { add(stats, execute_blocks(job, to_merge, source, sink, &observer)); });
+          [&] { accumulate(stats, execute_blocks(job, to_merge, source, sink, &observer)); });
       comm.check(merge_failure, "merge");
     }
   });
@@ -695,6 +701,9 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.windows = window_count;
   result.held_shares = comm.allreduce_sum(held_shares, "reduce held windows");
   result.held_bytes = comm.allreduce_sum(held_bytes, "reduce held windows");
+  result.expert_pieces = comm.allreduce_sum(expert_pieces, "reduce expert pieces");
+  result.held_pieces = comm.allreduce_sum(held_pieces, "reduce expert pieces");
+  result.held_piece_bytes = comm.allreduce_sum(held_piece_bytes, "reduce expert pieces");
   return result;
 }
 

@@ -73,6 +73,19 @@ header_window=$((headers + $(expert_files | wc -l) * 2 * 4096))
 left=$(cached $(expert_files))
 echo "expert bytes in page cache after the direct merge: $left (headers with read-ahead $header_window)"
 [[ "$before" -ne 0 || "$left" -le "$header_window" ]] || fail "direct reads left $left expert bytes in the page cache (headers $header_window)"
+# The admitted expert blocks were read ahead in pieces held in memory (every admitted byte: no
+# block's admitted bytes come near 64 MiB); without pieces, the same bytes.
+"$PYTHON" - "$d" "$planned" <<'PY' || fail "manifest expert_pieces wrong"
+import json, sys
+p = json.load(open(sys.argv[1]))["expert_pieces"]
+assert p["piece_bytes"] == 64 << 20 and p["pieces"] >= p["held"] >= 2, p
+assert p["held_bytes"] == int(sys.argv[2]), p
+PY
+"$PAGE_RESIDENCY" --evict $(ls fam/*/*.safetensors) >/dev/null
+run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-slices --expert-piece-size 0 --quiet
+s=m25-slices/mergepipe.manifest.json
+[[ "$(json_get $s expert_pieces.pieces)" -eq 0 && "$(json_get $s bytes_read.expert)" -eq "$planned" ]] || fail "--expert-piece-size 0: $(json_get $s expert_pieces.pieces) pieces, $(json_get $s bytes_read.expert) expert bytes"
+[[ "$(json_get $s outputs.tensor_hashes)" == "$(json_get $d outputs.tensor_hashes)" ]] || fail "merging from held pieces changed the output"
 cat $(expert_files) >/dev/null
 run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-warm --quiet
 [[ "$(json_get m25-warm/mergepipe.manifest.json input_io.direct_files)" -eq 0 ]] || fail "auto read cached experts with O_DIRECT"

@@ -16,6 +16,8 @@ expect_exit 2 "--input-io must be auto, direct or buffered" "$MERGEPIPE" merge c
 expect_no_output o3
 expect_exit 2 "--output-io must be auto, direct or buffered" "$MERGEPIPE" merge c.yaml --catalog cat --output-io sideways --out o3
 expect_no_output o3
+expect_exit 2 "--expert-piece-size '10%' must be a size" "$MERGEPIPE" merge c.yaml --catalog cat --expert-piece-size 10% --out o3
+expect_no_output o3
 expect_exit 2 "--schedule must be dynamic or static" "$MERGEPIPE" merge c.yaml --catalog cat --schedule random --out o3
 expect_no_output o3
 printf 'merge_method: linear\nbase_model: fam/base\nmodels: [fam/expert00]\nbogus_key: 1\n' >bad.yaml

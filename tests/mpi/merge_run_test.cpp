@@ -181,14 +181,30 @@ TEST(MPI, MergeOutputIsIndependentOfRankCount) {
   options.output_dir = out2;
   options.threads = 1;
   options.prefetch_depth = 5;
+  options.expert_piece_bytes = 0;  // expert slices read as they merge, not held in pieces
   const mpi::MergeRunResult again = mpi::run_merge(comm, task, options);
+  // And with pieces so small that some blocks are read alone, unheld, between held pieces.
+  const std::string out3 = dir + "/out3-np" + std::to_string(comm.size());
+  if (comm.is_root()) fs::create_directories(out3);
+  comm.barrier("mkdir");
+  options.output_dir = out3;
+  options.expert_piece_bytes = 1000;
+  const mpi::MergeRunResult small = mpi::run_merge(comm, task, options);
 
   int ok = 1;
   std::string digest;
   if (comm.is_root()) {
     digest = output_digest(out);
     ok &= digest == output_digest(out2);
+    ok &= digest == output_digest(out3);
     ok &= result.tensor_hashes == again.tensor_hashes;
+    ok &= result.tensor_hashes == small.tensor_hashes;
+    // Held: every chunk one piece (64 MiB is more than the family); plain: no pieces; small:
+    // both kinds.
+    ok &= result.held_pieces > 0 && result.held_pieces == result.expert_pieces;
+    ok &= again.expert_pieces == 0;
+    ok &= small.held_pieces > 0 && small.held_pieces < small.expert_pieces;
+    ok &= small.bytes.expert == result.bytes.expert && again.bytes.expert == result.bytes.expert;
     ok &= result.tensor_hashes.size() == task.tensors.size();
     // Every output shard parses and holds the tensors with the right sizes.
     std::uint64_t tensors_found = 0;

@@ -14,6 +14,9 @@
 // that fits in memory is held there (read once, by large requests, O_DIRECT as `input_io` says)
 // while the next one is read; a larger one (an embedding matrix) is read twice, the second time
 // from the page cache.
+//
+// A budgeted merge reads a chunk's admitted expert blocks ahead in pieces held in memory
+// (`expert_piece_bytes`, lib/held_pieces.hpp) while the previous piece merges.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -55,6 +58,10 @@ struct MergeRunOptions {
   // 5/4 of it each are in memory at once.
   std::uint64_t window_bytes = std::uint64_t{256} << 20;
   bool hold_windows = true;  // false: every window is read twice, through the page cache
+  // Budgeted merge: admitted expert bytes read ahead per piece, in large requests, into memory
+  // the merge reads from (lib/held_pieces.hpp); two pieces are in memory at once. 0: the expert
+  // blocks are read slice by slice as they merge.
+  std::uint64_t expert_piece_bytes = std::uint64_t{64} << 20;
   ProgressListener* progress = nullptr;  // rank 0
 };
 
@@ -80,6 +87,9 @@ struct MergeRunResult {
   // Full-read TIES: scan-then-merge windows, rank shares of them held in memory (summed over
   // ranks) and the input bytes read into those.
   std::uint64_t windows = 0, held_shares = 0, held_bytes = 0;
+  // Budgeted merge: pieces merged, of which held in memory, and the expert bytes read into
+  // those (summed over ranks).
+  std::uint64_t expert_pieces = 0, held_pieces = 0, held_piece_bytes = 0;
 };
 
 MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRunOptions& options);

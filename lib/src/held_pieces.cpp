@@ -1,0 +1,154 @@
+#include "mergepipe/held_pieces.hpp"
+
+#include <array>
+#include <chrono>
+#include <deque>
+#include <future>
+#include <string>
+
+#include "mergepipe/thread_name.hpp"
+
+namespace mergepipe {
+
+std::vector<HeldPiece> cut_held_pieces(
+    const Blocking& blocking, std::span<const std::uint32_t> blocks, std::size_t experts,
+    const std::function<bool(std::size_t, std::size_t)>& admitted, std::uint64_t piece_bytes) {
+  std::vector<HeldPiece> pieces;
+  std::vector<std::ptrdiff_t> last_range;  // per expert: its latest range in the open piece
+  auto open_piece = [&] {
+    pieces.emplace_back();
+    last_range.assign(experts, -1);
+  };
+  for (std::uint32_t b : blocks) {
+    const Block& blk = blocking.blocks[b];
+    std::uint64_t bytes = 0;
+    for (std::size_t k = 0; k < experts; ++k)
+      if (admitted(k, b)) bytes += blk.byte_length;
+    const bool alone = bytes > piece_bytes;
+    // After a piece alone over the limit, a new one: expert_bytes > piece_bytes marks it.
+    if (pieces.empty() || alone || pieces.back().expert_bytes + bytes > piece_bytes) open_piece();
+    HeldPiece& piece = pieces.back();
+    piece.blocks.push_back(b);
+    piece.expert_bytes += bytes;
+    if (alone) continue;  // not held: its piece gets no ranges
+    for (std::size_t k = 0; k < experts; ++k) {
+      if (!admitted(k, b)) continue;
+      const std::ptrdiff_t i = last_range[k];
+      if (i >= 0) {
+        HeldRange& r = piece.ranges[static_cast<std::size_t>(i)];
+        if (r.tensor == blk.tensor && r.byte_begin + r.length == blk.byte_begin) {
+          r.length += blk.byte_length;
+          continue;
+        }
+      }
+      last_range[k] = static_cast<std::ptrdiff_t>(piece.ranges.size());
+      piece.ranges.push_back(
+          {SourceId{static_cast<int>(k)}, blk.tensor, blk.byte_begin, blk.byte_length});
+    }
+  }
+  return pieces;
+}
+
+void HeldExpertsReader::read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+                             std::span<std::byte> dst) {
+  if (source.expert == SourceId::kBase) return storage_.read(source, tensor, byte_begin, dst);
+  experts_.read(source, tensor, byte_begin, dst);
+}
+
+std::byte* HeldExpertsReader::view(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+                                   std::uint64_t length) {
+  if (source.expert == SourceId::kBase) return storage_.view(source, tensor, byte_begin, length);
+  return experts_.view(source, tensor, byte_begin, length);
+}
+
+void HeldExpertsReader::prefetch(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+                                 std::uint64_t length) {
+  if (source.expert == SourceId::kBase) storage_.prefetch(source, tensor, byte_begin, length);
+}
+
+std::string HeldExpertsReader::describe(SourceId source, std::uint32_t tensor,
+                                        std::uint64_t byte_begin, std::uint64_t length) const {
+  return storage_.describe(source, tensor, byte_begin, length);
+}
+
+void accumulate(ExecutionStats& into, const ExecutionStats& s) {
+  into.blocks_done += s.blocks_done;
+  into.base_bytes += s.base_bytes;
+  into.expert_bytes += s.expert_bytes;
+  into.output_bytes += s.output_bytes;
+  into.nonfinite += s.nonfinite;
+  into.read_wait_seconds += s.read_wait_seconds;
+  into.compute_seconds += s.compute_seconds;
+  into.write_seconds += s.write_seconds;
+  into.stopped = into.stopped || s.stopped;
+}
+
+ExecutionStats execute_in_held_pieces(
+    const ExecutionJob& job,
+    const std::function<std::optional<std::vector<std::uint32_t>>()>& next_list,
+    BlockReader& storage, OutputSink& sink, ExecutionObserver* observer,
+    const HeldPieceOptions& options, HeldPieceStats* held_stats) {
+  ExecutionStats stats;
+  HeldPieceStats held;
+  if (options.piece_bytes == 0) {
+    while (!stats.stopped) {
+      const std::optional<std::vector<std::uint32_t>> list = next_list();
+      if (!list) break;
+      accumulate(stats, execute_blocks(job, *list, storage, sink, observer));
+    }
+    if (held_stats) *held_stats = held;
+    return stats;
+  }
+  // Pieces cut from the lists drawn so far, not yet merged.
+  std::deque<HeldPiece> queued;
+  auto next_piece = [&]() -> std::optional<HeldPiece> {
+    while (queued.empty()) {
+      const std::optional<std::vector<std::uint32_t>> list = next_list();
+      if (!list) return std::nullopt;
+      for (HeldPiece& p :
+           cut_held_pieces(*job.blocking, *list, job.experts, job.admitted, options.piece_bytes))
+        queued.push_back(std::move(p));
+    }
+    HeldPiece piece = std::move(queued.front());
+    queued.pop_front();
+    return piece;
+  };
+  std::array<RetainedWindow, 2> windows;  // piece i in windows[i % 2]
+  auto fill = [&](const HeldPiece& piece, RetainedWindow& window) {
+    name_this_thread("mp-fill");
+    window.fill(storage, piece.ranges, options.fill_threads, options.request_bytes);
+  };
+  using Clock = std::chrono::steady_clock;
+  std::optional<HeldPiece> next = next_piece();
+  std::future<void> filling;  // declared after what it uses: its destructor waits for it
+  if (next) filling = std::async(std::launch::async, fill, std::cref(*next), std::ref(windows[0]));
+  for (std::size_t i = 0; next; ++i) {
+    const auto t0 = Clock::now();
+    filling.get();  // this piece's reads; rethrows their error
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    held.fill_wait_seconds += waited;
+    stats.read_wait_seconds += waited;
+    const HeldPiece piece = std::move(*next);
+    RetainedWindow& window = windows[i % 2];
+    ++held.pieces;
+    if (!piece.ranges.empty()) {
+      ++held.held_pieces;
+      held.held_bytes += piece.expert_bytes;
+    }
+    next = next_piece();
+    if (next)
+      filling =
+          std::async(std::launch::async, fill, std::cref(*next), std::ref(windows[(i + 1) % 2]));
+    if (piece.ranges.empty()) {
+      accumulate(stats, execute_blocks(job, piece.blocks, storage, sink, observer));
+    } else {
+      HeldExpertsReader reader(storage, window);
+      accumulate(stats, execute_blocks(job, piece.blocks, reader, sink, observer));
+    }
+    if (stats.stopped) break;
+  }
+  if (held_stats) *held_stats = held;
+  return stats;
+}
+
+}  // namespace mergepipe
