@@ -456,9 +456,15 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         return std::vector<std::uint32_t>(remaining.begin() + chunk.begin,
                                           remaining.begin() + chunk.end);
       };
-      // A full read's experts are whole files through the cache's read-ahead: nothing to hold.
+      // Pieces for expert files read around the page cache. A full read's experts are whole
+      // files through the cache's read-ahead, and a warm file's slices are copies from memory
+      // that land in the CPU cache for the merge: holding them only adds a pass over memory
+      // (warm K = 8 linear 100%, 2 ranks, merge time 1.72 -> 2.10 s with pieces, medians of 4).
+      const bool experts_direct =
+          options.input_io == io::InputIo::kDirect ||
+          (options.input_io == io::InputIo::kAuto && reader.direct_files() > 0);
       HeldPieceOptions pieces;
-      pieces.piece_bytes = task.full_read ? 0 : options.expert_piece_bytes;
+      pieces.piece_bytes = !task.full_read && experts_direct ? options.expert_piece_bytes : 0;
       pieces.fill_threads = std::max(1, options.io_threads / 2);
       pieces.request_bytes = kPieceRequestBytes;
       HeldPieceStats held;

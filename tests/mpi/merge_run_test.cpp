@@ -172,6 +172,7 @@ TEST(MPI, MergeOutputIsIndependentOfRankCount) {
   mpi::MergeRunOptions options;
   options.output_dir = out;
   options.threads = 2;
+  options.input_io = io::InputIo::kDirect;  // expert pieces held (the files are in the cache)
   const mpi::MergeRunResult result = mpi::run_merge(comm, task, options);
 
   // A second run with other thread and prefetch settings gives the same files.
@@ -181,13 +182,14 @@ TEST(MPI, MergeOutputIsIndependentOfRankCount) {
   options.output_dir = out2;
   options.threads = 1;
   options.prefetch_depth = 5;
-  options.expert_piece_bytes = 0;  // expert slices read as they merge, not held in pieces
+  options.input_io = io::InputIo::kBuffered;  // expert slices read as they merge: no pieces
   const mpi::MergeRunResult again = mpi::run_merge(comm, task, options);
   // And with pieces so small that some blocks are read alone, unheld, between held pieces.
   const std::string out3 = dir + "/out3-np" + std::to_string(comm.size());
   if (comm.is_root()) fs::create_directories(out3);
   comm.barrier("mkdir");
   options.output_dir = out3;
+  options.input_io = io::InputIo::kDirect;
   options.expert_piece_bytes = 1000;
   const mpi::MergeRunResult small = mpi::run_merge(comm, task, options);
 

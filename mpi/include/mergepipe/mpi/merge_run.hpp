@@ -58,9 +58,10 @@ struct MergeRunOptions {
   // 5/4 of it each are in memory at once.
   std::uint64_t window_bytes = std::uint64_t{256} << 20;
   bool hold_windows = true;  // false: every window is read twice, through the page cache
-  // Budgeted merge: admitted expert bytes read ahead per piece, in large requests, into memory
-  // the merge reads from (lib/held_pieces.hpp); two pieces are in memory at once. 0: the expert
-  // blocks are read slice by slice as they merge.
+  // Budgeted merge whose expert files are read around the page cache (`input_io` direct, or
+  // auto with a cold file): admitted expert bytes read ahead per piece, in large requests, into
+  // memory the merge reads from (lib/held_pieces.hpp); two pieces are in memory at once. 0, or
+  // experts read through the cache: the expert blocks are read slice by slice as they merge.
   std::uint64_t expert_piece_bytes = std::uint64_t{64} << 20;
   ProgressListener* progress = nullptr;  // rank 0
 };
