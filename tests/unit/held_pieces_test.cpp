@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <tuple>
@@ -138,6 +139,16 @@ struct Fixture {
       out.emplace_back(all.begin() + at, all.begin() + std::min(all.size(), at + n));
     return out;
   }
+  // Hands out lists() in turn, then nothing; counts the calls in `asked`.
+  std::function<std::optional<std::vector<std::uint32_t>>()> list_source(
+      std::size_t* asked = nullptr) const {
+    auto next = std::make_shared<std::size_t>(0);
+    return [all = lists(), next, asked]() -> std::optional<std::vector<std::uint32_t>> {
+      if (asked) ++*asked;
+      if (*next == all.size()) return std::nullopt;
+      return all[(*next)++];
+    };
+  }
 };
 
 // (expert, tensor, byte) of every admitted expert byte of `blocks`, as byte intervals.
@@ -225,12 +236,8 @@ TEST(HeldPieces, MergeFromHeldPiecesEqualsThePlainStream) {
                               std::uint64_t{5000}, std::uint64_t{1} << 30}) {
     MemorySink sink;
     Recorder blocks;
-    std::size_t next = 0, asked = 0;
-    auto next_list = [&]() -> std::optional<std::vector<std::uint32_t>> {
-      ++asked;
-      if (next == lists.size()) return std::nullopt;
-      return lists[next++];
-    };
+    std::size_t asked = 0;
+    const auto next_list = f.list_source(&asked);
     f.reader.plain_expert_reads = 0;
     f.reader.in_place_reads = 0;
     HeldPieceOptions options;
@@ -270,12 +277,7 @@ TEST(HeldPieces, AFailedFillEndsTheMergeWithTheReadersError) {
   Fixture f(0.6);
   f.reader.fail_source = 2;
   const ExecutionJob job = f.job();
-  const auto lists = f.lists();
-  std::size_t next = 0;
-  auto next_list = [&]() -> std::optional<std::vector<std::uint32_t>> {
-    if (next == lists.size()) return std::nullopt;
-    return lists[next++];
-  };
+  const auto next_list = f.list_source();
   MemorySink sink;
   HeldPieceOptions options;
   options.piece_bytes = 2000;
@@ -290,12 +292,7 @@ TEST(HeldPieces, AFailedFillEndsTheMergeWithTheReadersError) {
 TEST(HeldPieces, AStopRequestEndsTheMergeBetweenBlocks) {
   Fixture f(0.6);
   const ExecutionJob job = f.job();
-  const auto lists = f.lists();
-  std::size_t next = 0;
-  auto next_list = [&]() -> std::optional<std::vector<std::uint32_t>> {
-    if (next == lists.size()) return std::nullopt;
-    return lists[next++];
-  };
+  const auto next_list = f.list_source();
   MemorySink sink;
   Recorder blocks;
   blocks.stop_after = 7;
