@@ -1,13 +1,16 @@
 // read_files: the storage-bandwidth reference of the benchmarks, and their page-cache eviction.
 //
 //   read_files --evict PATH...                 drop PATH's pages from the page cache
-//   read_files [--threads N] [--request B] PATH...   read every file once, print JSON
+//   read_files [--threads N] [--request B] [--direct] PATH...   read every file once, print JSON
 //
 // Reading: N threads (default 4) take the files' byte ranges in order, B bytes (default 16 MiB)
 // per pread, into reused buffers; the result is the bandwidth a good reader gets from these files
-// on this machine right now. Eviction: sync(), then posix_fadvise(POSIX_FADV_DONTNEED) on every
-// regular file under each PATH (folders are walked), so the next read comes from storage.
+// on this machine right now. --direct reads with O_DIRECT into 2 MiB-aligned buffers the kernel
+// is asked to back with huge pages, as a merge reads the files it finds uncached.
+// Eviction: sync(), then posix_fadvise(POSIX_FADV_DONTNEED) on every regular file under each
+// PATH (folders are walked), so the next read comes from storage.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +54,9 @@ void evict(const std::vector<std::string>& files) {
   }
 }
 
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
 struct Range {
   int fd;
   off_t offset;
@@ -62,6 +69,7 @@ int main(int argc, char** argv) {
   int threads = 4;
   std::size_t request = 16u << 20;
   bool evict_only = false;
+  bool direct = false;
   std::vector<std::string> paths;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -69,6 +77,8 @@ int main(int argc, char** argv) {
       threads = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--request" && i + 1 < argc) {
       request = std::max<std::size_t>(4096, std::strtoull(argv[++i], nullptr, 10));
+    } else if (a == "--direct") {
+      direct = true;
     } else if (a == "--evict") {
       evict_only = true;
     } else {
@@ -80,11 +90,12 @@ int main(int argc, char** argv) {
     evict(files);
     return 0;
   }
+  if (direct) request = (request + kHugePage - 1) / kHugePage * kHugePage;
   std::vector<Range> ranges;
   std::vector<int> fds;
   std::uint64_t total = 0;
   for (const auto& f : files) {
-    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
     if (fd < 0) {
       std::fprintf(stderr, "read_files: %s: %s\n", f.c_str(), std::strerror(errno));
       return 2;
@@ -103,13 +114,22 @@ int main(int argc, char** argv) {
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&] {
-      std::vector<char> buffer(request);
+      const std::unique_ptr<char, decltype(&std::free)> buffer(
+          static_cast<char*>(std::aligned_alloc(kHugePage, request)), &std::free);
+      if (!buffer) {
+        failed = true;
+        return;
+      }
+      (void)::madvise(buffer.get(), request, MADV_HUGEPAGE);
       for (std::size_t i; (i = next++) < ranges.size();) {
         const Range& r = ranges[i];
         std::size_t done = 0;
         while (done < r.length) {
-          const ssize_t got = ::pread(r.fd, buffer.data() + done, r.length - done,
-                                      r.offset + static_cast<off_t>(done));
+          // O_DIRECT: whole pages; the file's last page comes back short.
+          const std::size_t want =
+              direct ? (r.length - done + kPage - 1) / kPage * kPage : r.length - done;
+          const ssize_t got =
+              ::pread(r.fd, buffer.get() + done, want, r.offset + static_cast<off_t>(done));
           if (got <= 0) {
             failed = true;
             return;

@@ -24,7 +24,8 @@ TEST(WorkerPool, ForEachRunsEveryItemOnceOnAValidWorker) {
         ++runs[item];
       });
       for (std::size_t i = 0; i < items; ++i)
-        EXPECT_EQ(runs[i].load(), 1) << "threads " << threads << " items " << items << " item " << i;
+        EXPECT_EQ(runs[i].load(), 1)
+            << "threads " << threads << " items " << items << " item " << i;
       EXPECT_EQ(bad_worker.load(), 0);
     }
   }
