@@ -323,6 +323,28 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   MergeRunResult result;
   result.blocks_total = blocking.blocks.size();
 
+  // The inputs. A full read's experts stream as whole files through the page cache unless it
+  // holds them in memory (TIES windows; linear and DARE pieces of files read with O_DIRECT).
+  const bool hold_full_read_pieces =
+      task.full_read && !scan_thresholds_from_data && options.hold_windows;
+  std::optional<io::CheckpointBlockReader> input_reader;
+  comm.check(capture_failure([&] {
+               input_reader.emplace(
+                   task.base, task.experts, io::global_byte_counters(),
+                   task.full_read && !options.hold_windows
+                       ? io::CheckpointBlockReader::ExpertAccess::kWholeFiles
+                       : io::CheckpointBlockReader::ExpertAccess::kExactRanges,
+                   scan_thresholds_from_data ? io::InputIo::kBuffered : options.input_io);
+             }),
+             "merge");
+  // Expert files read around the page cache, on every rank (the output mode and the pieces
+  // follow it alike everywhere).
+  const bool direct_here =
+      options.input_io == io::InputIo::kDirect ||
+      (options.input_io == io::InputIo::kAuto && input_reader->direct_files() > 0);
+  const bool experts_direct =
+      comm.allreduce_max(std::uint64_t{direct_here ? 0u : 1u}, "reduce input modes") == 0;
+
   // The output files, created (or, resuming, reopened) collectively.
   bool resume = options.resume;
   InfoHints hints(options.mpiio_hints);
@@ -333,9 +355,10 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     layout = std::make_unique<io::OutputLayout>(
         io::make_output_layout(out_tensors, task.max_shard_bytes));
     result.files = layout->shard_names;
-    // Whole files through the cache: a linear or DARE full read, or TIES windows not held.
+    // Whole files through the cache: full reads whose inputs are not held in memory.
     const bool streams_inputs_through_cache =
-        task.full_read && !(scan_thresholds_from_data && options.hold_windows);
+        task.full_read && !(scan_thresholds_from_data && options.hold_windows) &&
+        !(hold_full_read_pieces && experts_direct);
     result.output_io = io::resolve_output_io(options.output_io, streams_inputs_through_cache);
     auto sink = std::make_unique<SafetensorsSink>(comm, *layout, options.output_dir, hints,
                                                   result.output_io);
@@ -420,14 +443,10 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   double scan_seconds = 0, scan_read_wait = 0;
   std::uint64_t input_files = 0, input_files_direct = 0;
   std::uint64_t window_count = 0, held_shares = 0, held_bytes = 0;
-  std::uint64_t expert_pieces = 0, held_pieces = 0, held_piece_bytes = 0;
+  std::uint64_t expert_piece_bytes = 0, expert_pieces = 0, held_pieces = 0, held_piece_bytes = 0;
   auto failure = capture_failure([&] {
     io::JournalWriter journal(options.output_dir, comm.rank());
-    io::CheckpointBlockReader reader(
-        task.base, task.experts, io::global_byte_counters(),
-        task.full_read ? io::CheckpointBlockReader::ExpertAccess::kWholeFiles
-                       : io::CheckpointBlockReader::ExpertAccess::kExactRanges,
-        scan_thresholds_from_data ? io::InputIo::kBuffered : options.input_io);
+    io::CheckpointBlockReader& reader = *input_reader;
     input_files = reader.total_files();
     input_files_direct = reader.direct_files();
     ReadVerifier verifier(task, blocking, options.verify_reads, reader);
@@ -456,15 +475,19 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         return std::vector<std::uint32_t>(remaining.begin() + chunk.begin,
                                           remaining.begin() + chunk.end);
       };
-      // Pieces for expert files read around the page cache. A full read's experts are whole
-      // files through the cache's read-ahead, and a warm file's slices are copies from memory
-      // that land in the CPU cache for the merge: holding them only adds a pass over memory
-      // (warm K = 8 linear 100%, 2 ranks, merge time 1.72 -> 2.10 s with pieces, medians of 4).
-      const bool experts_direct =
-          options.input_io == io::InputIo::kDirect ||
-          (options.input_io == io::InputIo::kAuto && reader.direct_files() > 0);
+      // Pieces for expert files read around the page cache. A warm file's slices are copies
+      // from memory that land in the CPU cache for the merge: holding them only adds a pass
+      // over memory (warm K = 8 linear 100%, 2 ranks, merge time 1.72 -> 2.10 s with pieces,
+      // medians of 4). A linear or DARE full read admits every expert of a block (K x 4 MiB),
+      // so its pieces are as large as a TIES window; it used to stream whole files through the
+      // page cache, which on the test VM reads at a fraction of O_DIRECT (the K = 20 family
+      // once: 16.7-28.9 s through the cache on 4 threads, 6.1-9.1 s direct).
       HeldPieceOptions pieces;
-      pieces.piece_bytes = !task.full_read && experts_direct ? options.expert_piece_bytes : 0;
+      pieces.piece_bytes = !experts_direct        ? 0
+                           : !task.full_read      ? options.expert_piece_bytes
+                           : options.hold_windows ? options.window_bytes
+                                                  : 0;
+      expert_piece_bytes = pieces.piece_bytes;
       pieces.fill_threads = std::max(1, options.io_threads / 2);
       pieces.request_bytes = kPieceRequestBytes;
       HeldPieceStats held;
@@ -707,6 +730,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.windows = window_count;
   result.held_shares = comm.allreduce_sum(held_shares, "reduce held windows");
   result.held_bytes = comm.allreduce_sum(held_bytes, "reduce held windows");
+  result.expert_piece_bytes = comm.allreduce_max(expert_piece_bytes, "reduce expert pieces");
   result.expert_pieces = comm.allreduce_sum(expert_pieces, "reduce expert pieces");
   result.held_pieces = comm.allreduce_sum(held_pieces, "reduce expert pieces");
   result.held_piece_bytes = comm.allreduce_sum(held_piece_bytes, "reduce expert pieces");

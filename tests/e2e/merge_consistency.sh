@@ -33,6 +33,19 @@ read -r count held held_bytes <<<"$(windows naive-ties-4k)"
 # write their whole pages directly.
 written() { echo "$(json_get "$1/mergepipe.manifest.json" output_io.written) $(json_get "$1/mergepipe.manifest.json" output_io.direct_bytes)"; }
 [[ "$(written naive-linear)" == "buffered 0" ]] || fail "linear full read wrote its output: $(written naive-linear)"
+# Expert files read with O_DIRECT (--input-io direct; auto does so for uncached files): a linear
+# full read holds them in pieces of whole blocks (every expert admitted), reads each expert byte
+# once, writes its output around the cache too, and gives the same model.
+run_np 2 merge linear.yaml --full-read --input-io direct --out naive-linear-direct --quiet
+same_model_files naive-linear naive-linear-direct
+"$PYTHON" - naive-linear-direct/mergepipe.manifest.json "$once" <<'PY' || fail "linear full read from held pieces: $(json_get naive-linear-direct/mergepipe.manifest.json expert_pieces)"
+import json, sys
+m = json.load(open(sys.argv[1]))
+p, once = m["expert_pieces"], int(sys.argv[2])
+assert p["piece_bytes"] == 256 << 20 and p["pieces"] == p["held"] >= 1, p
+assert p["held_bytes"] == once and m["bytes_read"]["expert"] == once, (p, m["bytes_read"])
+assert m["output_io"]["written"] == "direct", m["output_io"]
+PY
 read -r how direct <<<"$(written naive-ties)"
 [[ "$how" == direct && "$direct" -gt 0 ]] || fail "full-read TIES wrote its output: $how, $direct bytes direct"
 # (On the catalog's 4 KiB blocks, which start at unaligned offsets, no block holds a whole page.)

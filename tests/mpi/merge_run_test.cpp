@@ -348,6 +348,64 @@ TEST(MPI, ResumeKeepsCheckedBlocksAndRedoesTheRest) {
                        << resumed.blocks_rejected;
 }
 
+// A linear full read whose experts are read around the page cache holds pieces of whole
+// blocks (every expert admitted); streaming whole files through the cache, and pieces so small
+// that only the norm's block is held, write the same bytes and read every expert byte once.
+TEST(MPI, FullReadLinearHoldsExpertPieces) {
+  mpi::Comm comm = mpi::Comm::world();
+  const std::string dir = make_family(comm);
+  MergeTask task = make_task(dir);
+  task.spec.method = MergeMethod::kLinear;
+  const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
+  task.full_read = true;
+  task.plan = make_full_read_plan(task.spec, task.tensors, blocking, "test");
+  task.plan.hash = compute_plan_hash(task.plan);
+  std::uint64_t all_experts = 0;
+  for (const auto& t : task.tensors) all_experts += 3 * t.nbytes();
+  struct Case {
+    const char* name;
+    bool hold;
+    std::uint64_t window;
+  };
+  std::vector<mpi::MergeRunResult> results;
+  std::vector<std::string> digests;
+  for (const Case c : {Case{"held", true, std::uint64_t{256} << 20}, Case{"streamed", false, 0},
+                       Case{"mixed", true, 1000}}) {
+    const std::string out = dir + "/full-" + c.name;
+    if (comm.is_root()) fs::create_directories(out);
+    comm.barrier("mkdir");
+    mpi::MergeRunOptions options;
+    options.output_dir = out;
+    options.input_io = io::InputIo::kDirect;
+    options.hold_windows = c.hold;
+    if (c.window) options.window_bytes = c.window;
+    results.push_back(mpi::run_merge(comm, task, options));
+    if (comm.is_root()) digests.push_back(output_digest(out));
+  }
+  int ok = 1;
+  if (comm.is_root()) {
+    const auto& held = results[0];
+    const auto& streamed = results[1];
+    const auto& mixed = results[2];
+    ok &= digests[0] == digests[1] && digests[0] == digests[2];
+    ok &= held.tensor_hashes == streamed.tensor_hashes;
+    ok &= held.expert_piece_bytes == std::uint64_t{256} << 20;
+    ok &= held.held_pieces > 0 && held.held_pieces == held.expert_pieces;
+    ok &= held.held_piece_bytes == all_experts;
+    ok &= streamed.expert_piece_bytes == 0 && streamed.expert_pieces == 0;
+    // 1000-byte pieces: 3 x 512-byte blocks exceed them, the norm's 3 x 64 bytes do not.
+    ok &= mixed.held_pieces > 0 && mixed.held_pieces < mixed.expert_pieces;
+    for (const auto& r : results) ok &= r.bytes.expert == all_experts;
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  int all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_EQ(all_ok, 1) << "held " << results[0].held_pieces << "/" << results[0].expert_pieces
+                       << " bytes " << results[0].held_piece_bytes << ", mixed "
+                       << results[2].held_pieces << "/" << results[2].expert_pieces;
+}
+
 // --full-read TIES scans thresholds from the data window by window; the result equals a task
 // that was given the same thresholds up front, at any rank count and window size.
 TEST(MPI, FullReadTiesScansThresholdsFromTheData) {

@@ -55,9 +55,12 @@ struct MergeRunOptions {
   // How the safetensors shards are written (an HDF5 output goes through the HDF5 library).
   io::OutputIo output_io = io::OutputIo::kAuto;
   // Full-read TIES: input bytes per rank per scan-then-merge window. Two held windows of up to
-  // 5/4 of it each are in memory at once.
+  // 5/4 of it each are in memory at once. A linear or DARE full read whose experts are read
+  // around the page cache holds pieces of this many expert bytes (see expert_piece_bytes).
   std::uint64_t window_bytes = std::uint64_t{256} << 20;
-  bool hold_windows = true;  // false: every window is read twice, through the page cache
+  // false: every TIES window is read twice, and linear and DARE full reads stream whole files,
+  // through the page cache
+  bool hold_windows = true;
   // Budgeted merge whose expert files are read around the page cache (`input_io` direct, or
   // auto with a cold file): admitted expert bytes read ahead per piece, in large requests, into
   // memory the merge reads from (lib/held_pieces.hpp); two pieces are in memory at once. 0, or
@@ -88,8 +91,9 @@ struct MergeRunResult {
   // Full-read TIES: scan-then-merge windows, rank shares of them held in memory (summed over
   // ranks) and the input bytes read into those.
   std::uint64_t windows = 0, held_shares = 0, held_bytes = 0;
-  // Budgeted merge: pieces merged, of which held in memory, and the expert bytes read into
-  // those (summed over ranks).
+  // Budgeted merge, or linear or DARE full read: the piece size used (0: none), pieces merged,
+  // of which held in memory, and the expert bytes read into those (summed over ranks).
+  std::uint64_t expert_piece_bytes = 0;
   std::uint64_t expert_pieces = 0, held_pieces = 0, held_piece_bytes = 0;
 };
 
