@@ -97,7 +97,8 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
       "expert-piece-size", po::value(&text.expert_piece_size)->default_value("64MiB"),
       "budgeted merge with experts read by O_DIRECT: admitted expert bytes read ahead into "
       "memory per piece, in 4 MiB requests, while the previous piece merges (0 or off: read "
-      "each slice as it merges, as with experts read through the page cache)")(
+      "each slice as it merges, as with experts read through the page cache; a linear or DARE "
+      "--full-read uses 256 MiB pieces)")(
       "force", po::bool_switch(&options.force),
       "replace an existing output folder (the new one is complete before the old one goes)")(
       "allow-nonfinite", po::bool_switch(&options.allow_nonfinite),
@@ -114,7 +115,7 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
       "output-io", po::value(&text.output_io)->default_value("auto"),
       "how the safetensors shards are written: direct (whole pages with O_DIRECT, around the page "
       "cache), buffered, or auto (direct unless the merge reads whole files through the cache: a "
-      "linear or DARE --full-read)")(
+      "linear or DARE --full-read of warm files)")(
       "schedule", po::value(&text.schedule)->default_value("dynamic"),
       "how a node's blocks are spread over its ranks: dynamic (chunks drawn as ranks finish) or "
       "static (a fixed range per rank)");
