@@ -6,12 +6,15 @@
 #include <array>
 #include <chrono>
 #include <future>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
+#include <utility>
 
 #include "mergepipe/blocking.hpp"
 #include "mergepipe/error.hpp"
@@ -32,6 +35,7 @@
 #include "mergepipe/retained_window.hpp"
 #include "mergepipe/thread_name.hpp"
 #include "mergepipe/threshold_scan.hpp"
+#include "mergepipe/window_steps.hpp"
 
 namespace mergepipe::mpi {
 
@@ -542,100 +546,57 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
           partition_by_cost(costs, comm.size())[static_cast<std::size_t>(comm.rank())];
       return std::vector<std::uint32_t>(blocks.begin() + r.begin, blocks.begin() + r.end);
     };
-    // A window's share is either held: read once, each byte by one large request, into memory
-    // the scan and the merge both use (two buffers, so the next window is read while this one
-    // is scanned and merged); or, when it is larger than a buffer (an embedding matrix), read
-    // twice from the page cache, which the kernel fills in advance.
-    struct Share {
-      std::vector<std::uint32_t> to_scan, to_merge;
-      std::vector<HeldRange> ranges;  // empty: not held
-    };
+    // Each window's share is read into memory and served from there to the scan and the merge,
+    // each byte by one large request (O_DIRECT where the files allow), into two buffers so the
+    // next step is read while this one is scanned and merged; a share larger than a buffer (an
+    // embedding matrix) in parts, each read twice (window_steps.hpp). Without held windows the
+    // share is read from the page cache, which the kernel fills in advance.
     std::optional<io::CheckpointBlockReader> held_reader;
     if (options.hold_windows)
       held_reader.emplace(task.base, task.experts, io::global_byte_counters(),
                           io::CheckpointBlockReader::ExpertAccess::kHeldWindows, options.input_io);
     if (held_reader) input_files_direct = held_reader->direct_files();
-    auto share_of = [&](std::size_t w) {
-      Share share;
-      for (std::uint32_t b : blocks_of(windows[w])) {
-        const bool needs_scan = !thresholds.count(blocking.blocks[b].tensor);
-        const bool needs_merge = !done.count(b);
-        if (needs_scan) share.to_scan.push_back(b);
-        if (needs_merge) share.to_merge.push_back(b);
-        if (!held_reader || !(needs_scan || needs_merge)) continue;
-        const Block& blk = blocking.blocks[b];
-        // Consecutive blocks of a tensor are one range per source.
-        if (!share.ranges.empty() && share.ranges.back().tensor == blk.tensor &&
-            share.ranges.back().byte_begin + share.ranges.back().length == blk.byte_begin) {
-          for (std::size_t i = share.ranges.size() - experts - 1; i < share.ranges.size(); ++i)
-            share.ranges[i].length += blk.byte_length;
-          continue;
-        }
-        for (int source = SourceId::kBase; source < static_cast<int>(experts); ++source)
-          share.ranges.push_back({SourceId{source}, blk.tensor, blk.byte_begin, blk.byte_length});
-      }
-      if (held_reader &&
-          RetainedWindow::footprint(*held_reader, share.ranges) > options.window_bytes * 5 / 4)
-        share.ranges.clear();
-      return share;
+    auto footprint = [&](std::span<const std::uint32_t> blocks) {
+      return RetainedWindow::footprint(*held_reader, held_ranges(blocking, blocks, experts));
     };
-    std::array<RetainedWindow, 2> held;
-    std::size_t held_count = 0;  // held windows so far: window i uses held[i % 2]
-    // Scanning and merging a window that is not held reads it from the page cache, so the
-    // storage would sit idle meanwhile: have the kernel fetch this rank's share of the next
-    // window while this one is scanned and merged (started only after the scan, the fetch
-    // overlapped half the CPU work and a full-read TIES took ~1.5x its I/O time).
-    auto fetch = [&](const Share& share, RetainedWindow* into) {
-      name_this_thread("mp-fetch");
-      if (into) {
-        into->fill(*held_reader, share.ranges, options.io_threads, kHeldRequestBytes);
-        return;
-      }
-      for (std::uint32_t b : share.to_scan) {
-        const Block& blk = blocking.blocks[b];
-        for (int source = SourceId::kBase; source < static_cast<int>(experts); ++source)
-          reader.prefetch(SourceId{source}, blk.tensor, blk.byte_begin, blk.byte_length);
-      }
+    struct Step {
+      std::size_t window;
+      WindowStep work;
     };
-    Share next = windows.empty() ? Share{} : share_of(0);
-    RetainedWindow* next_held = nullptr;
-    std::future<void> fetching;  // declared after what it uses: its destructor waits for it
-    if (!next.ranges.empty()) next_held = &held[held_count++ % 2];
-    if (next_held) fetching = std::async(std::launch::async, fetch, std::cref(next), next_held);
+    std::vector<Step> steps;
     for (std::size_t w = 0; w < windows.size(); ++w) {
-      // A failed read of a held window ends the merge on every rank, not just this one.
-      comm.check(capture_failure([&] {
-                   if (fetching.valid()) fetching.get();
-                 }),
-                 "read a window");
-      Share share = std::move(next);
-      RetainedWindow* const this_held = next_held;
-      if (this_held) {
-        ++held_shares;
-        for (const HeldRange& r : share.ranges) held_bytes += r.length;
+      std::vector<std::uint32_t> to_scan, to_merge;
+      for (std::uint32_t b : blocks_of(windows[w])) {
+        if (!thresholds.count(blocking.blocks[b].tensor)) to_scan.push_back(b);
+        if (!done.count(b)) to_merge.push_back(b);
       }
-      BlockReader& source = this_held ? static_cast<BlockReader&>(*this_held) : reader;
-      next_held = nullptr;
-      if (w + 1 < windows.size()) {
-        next = share_of(w + 1);
-        if (!next.ranges.empty()) next_held = &held[held_count++ % 2];
-        fetching = std::async(std::launch::async, fetch, std::cref(next), next_held);
-      }
-      std::vector<std::uint32_t>& to_scan = share.to_scan;
-      std::vector<std::uint32_t>& to_merge = share.to_merge;
-      const auto ts = Clock::now();
-      ScanResult part;
-      comm.check(capture_failure([&] { part = scan_sketches(scan, to_scan, source); }),
-                 "scan thresholds");
-      scan_read_wait += part.read_wait_seconds;
-      // Combine every rank's part of each tensor's sketches: integer counts, so the result does
-      // not depend on how the tensor was split.
+      for (WindowStep& s : window_steps(to_scan, to_merge, footprint, options.window_bytes,
+                                        held_reader.has_value()))
+        steps.push_back({w, std::move(s)});
+    }
+    // What a held step reads: its blocks, less the expert blocks a scan already found identical
+    // to the base (merged as omitted, so never read again). Decided when its read starts.
+    auto ranges_of = [&](const WindowStep& step) {
+      std::vector<std::uint32_t> blocks;
+      std::set_union(step.to_scan.begin(), step.to_scan.end(), step.to_merge.begin(),
+                     step.to_merge.end(), std::back_inserter(blocks));
+      return held_ranges(blocking, blocks, experts, [&](std::size_t k, std::uint32_t b) {
+        return !unchanged_pairs[std::size_t{b} * experts + k];
+      });
+    };
+    // Combines every rank's part of window w's sketches (integer counts, so the result does not
+    // depend on how a tensor was split) into the thresholds of its tensors. Collective.
+    auto combine_sketches = [&](std::size_t w, const ScanResult& part) {
+      const MagnitudeSketch none;
+      auto part_of = [&](std::uint32_t t, std::size_t k) -> const MagnitudeSketch& {
+        return part.sketches.empty() || part.sketches[t].empty() ? none : part.sketches[t][k];
+      };
       Packer mine_packed;
       for (std::uint32_t t : windows[w]) {
         if (thresholds.count(t)) continue;
         for (std::size_t k = 0; k < experts; ++k) {
-          mine_packed.put_vector(part.sketches[t][k].keys());
-          mine_packed.put_vector(part.sketches[t][k].counts());
+          mine_packed.put_vector(part_of(t, k).keys());
+          mine_packed.put_vector(part_of(t, k).counts());
         }
       }
       std::vector<std::vector<MagnitudeSketch>> whole(tensor_count);
@@ -660,18 +621,88 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         for (std::size_t k = 0; k < experts; ++k) job.thresholds[k * tensor_count + t] = values[k];
         scanned[t] = std::move(values);
       }
-      scan_seconds += seconds_since(ts);
-      // Merge the share backwards: the page cache evicts the oldest pages first, so the blocks
-      // scanned last are the likeliest to still be there, and merging them first gives other
-      // reads the least time to push the rest out.
-      std::reverse(to_merge.begin(), to_merge.end());
-      // Expert blocks the scan found identical to the base merge as omitted ones: not read again.
-      for (const auto& [block, changed] : part.changed)
-        for (std::size_t k = 0; k < experts; ++k)
-          if (!changed[k]) unchanged_pairs[std::size_t{block} * experts + k] = 1;
-      std::optional<Error> merge_failure = capture_failure(
-          [&] { accumulate(stats, execute_blocks(job, to_merge, source, sink, &observer)); });
-      comm.check(merge_failure, "merge");
+    };
+    std::array<RetainedWindow, 2> held;
+    std::size_t held_count = 0;  // held steps so far: the i-th uses held[i % 2]
+    // Scanning and merging a share that is not held reads it from the page cache, so the
+    // storage would sit idle meanwhile: have the kernel fetch the next share while this one is
+    // scanned and merged (started only after the scan, the fetch overlapped half the CPU work
+    // and a full-read TIES took ~1.5x its I/O time).
+    auto fetch = [&](const WindowStep* step, RetainedWindow* into, std::vector<HeldRange> ranges) {
+      name_this_thread("mp-fetch");
+      if (into) {
+        into->fill(*held_reader, ranges, options.io_threads, kHeldRequestBytes);
+        return;
+      }
+      for (std::uint32_t b : step->to_scan) {
+        const Block& blk = blocking.blocks[b];
+        for (int source = SourceId::kBase; source < static_cast<int>(experts); ++source)
+          reader.prefetch(SourceId{source}, blk.tensor, blk.byte_begin, blk.byte_length);
+      }
+    };
+    std::future<void> fetching;  // declared after what it uses: its destructor waits for it
+    auto start_fetch = [&](std::size_t i) -> RetainedWindow* {
+      const WindowStep& step = steps[i].work;
+      RetainedWindow* into = step.held ? &held[held_count++ % 2] : nullptr;
+      std::vector<HeldRange> ranges;
+      if (into) {
+        ranges = ranges_of(step);
+        ++held_shares;
+        for (const HeldRange& r : ranges) held_bytes += r.length;
+      }
+      fetching = std::async(std::launch::async, fetch, &step, into, std::move(ranges));
+      return into;
+    };
+    RetainedWindow* next_held = steps.empty() ? nullptr : start_fetch(0);
+    std::size_t i = 0;  // the next step
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+      // Every rank has one combining step per window, and its number of steps varies: a failure
+      // here skips this rank's remaining work and ends the merge on every rank at the window's
+      // next check, not at once.
+      std::optional<Error> window_failure;
+      ScanResult part;  // this rank's sketches of the window so far
+      for (; i < steps.size() && steps[i].window == w; ++i) {
+        const WindowStep& step = steps[i].work;
+        if (!window_failure)
+          window_failure = capture_failure([&] {
+            if (fetching.valid()) fetching.get();
+          });
+        RetainedWindow* const this_held = std::exchange(next_held, nullptr);
+        if (!window_failure && i + 1 < steps.size()) next_held = start_fetch(i + 1);
+        BlockReader& source = this_held ? static_cast<BlockReader&>(*this_held) : reader;
+        const auto ts = Clock::now();
+        if (!window_failure && !step.to_scan.empty()) {
+          window_failure = capture_failure([&] {
+            ScanResult scanned_part = scan_sketches(scan, step.to_scan, source);
+            scan_read_wait += scanned_part.read_wait_seconds;
+            if (part.sketches.empty()) part.sketches.resize(tensor_count);
+            for (std::uint32_t t : windows[w]) {
+              std::vector<MagnitudeSketch>& into = part.sketches[t];
+              if (into.empty()) into.resize(experts);
+              for (std::size_t k = 0; k < experts; ++k) into[k].merge(scanned_part.sketches[t][k]);
+            }
+            // Expert blocks identical to the base merge as omitted ones: not read again.
+            for (const auto& [block, changed] : scanned_part.changed)
+              for (std::size_t k = 0; k < experts; ++k)
+                if (!changed[k]) unchanged_pairs[std::size_t{block} * experts + k] = 1;
+          });
+        }
+        if (step.combine) {
+          comm.check(window_failure, "scan thresholds");
+          combine_sketches(w, part);
+        }
+        scan_seconds += seconds_since(ts);
+        if (!window_failure && !step.to_merge.empty()) {
+          std::vector<std::uint32_t> to_merge = step.to_merge;
+          // Merge a share read from the page cache backwards: the cache evicts the oldest pages
+          // first, so the blocks scanned last are the likeliest to still be there, and merging
+          // them first gives other reads the least time to push the rest out.
+          if (!this_held) std::reverse(to_merge.begin(), to_merge.end());
+          window_failure = capture_failure(
+              [&] { accumulate(stats, execute_blocks(job, to_merge, source, sink, &observer)); });
+        }
+      }
+      comm.check(window_failure, "merge");
     }
   });
   monitor.finish(failure.has_value());

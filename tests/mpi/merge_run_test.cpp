@@ -422,10 +422,10 @@ TEST(MPI, FullReadTiesScansThresholdsFromTheData) {
   std::vector<float> thresholds;
   std::uint64_t all_experts = 0;
   for (const auto& t : task.tensors) all_experts += 3 * t.nbytes();
-  // Windows of one tensor (too small to hold: read twice, through the page cache), of a few
-  // tensors (some shares held, which ones depends on the rank count), and of everything (all
-  // held, or none when holding is off).
-  bool saw_mixed = false;
+  // Windows of one tensor (larger than the buffer: held in parts, each read twice), of a few
+  // tensors (some shares held whole, the others in parts, which ones depends on the rank count),
+  // and of everything (all held whole); or none held, read twice through the page cache.
+  bool saw_parts = false;
   for (const bool hold : {true, false}) {
     for (std::uint64_t window : {std::uint64_t{1}, std::uint64_t{20000}, std::uint64_t{30000},
                                  std::uint64_t{60000}, std::uint64_t{1} << 30}) {
@@ -442,16 +442,19 @@ TEST(MPI, FullReadTiesScansThresholdsFromTheData) {
         if (!hashes.empty()) ok &= r.tensor_hashes == hashes && r.thresholds == thresholds;
         hashes = r.tensor_hashes;
         thresholds = r.thresholds;
-        const bool all_held = hold && window > (1u << 20);
-        if (all_held) ok &= r.held_shares >= r.windows && r.bytes.expert == all_experts;
-        if (!hold || window == 1) ok &= r.held_shares == 0 && r.bytes.expert > all_experts;
-        saw_mixed =
-            saw_mixed || (r.held_shares > 0 &&
-                          r.held_shares < r.windows * static_cast<std::uint64_t>(comm.size()));
+        const bool all_whole = hold && window > (1u << 20);
+        if (all_whole) ok &= r.held_shares >= r.windows && r.bytes.expert == all_experts;
+        // Held or not, every input byte is read at least once; held, every read is into memory.
+        ok &= r.bytes.expert >= all_experts;
+        if (hold) ok &= r.held_bytes == r.bytes.base + r.bytes.expert;
+        // Each window's one-block parts: a scan part and a merge part, each read.
+        if (hold && window == 1) ok &= r.held_shares >= 2 * r.windows;
+        if (!hold) ok &= r.held_shares == 0 && r.bytes.expert > all_experts;
+        saw_parts = saw_parts || (hold && r.bytes.expert > all_experts);
       }
     }
   }
-  if (comm.is_root()) ok &= saw_mixed;
+  if (comm.is_root()) ok &= saw_parts;
   // The same task with those thresholds given reads every expert once and writes the same bytes.
   if (comm.is_root()) task.plan.thresholds = thresholds;
   std::string packed(reinterpret_cast<const char*>(thresholds.data()), thresholds.size() * 4);
@@ -473,5 +476,50 @@ TEST(MPI, FullReadTiesScansThresholdsFromTheData) {
   }
   int all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_EQ(all_ok, 1);
+}
+
+// A full-read TIES whose read fails in one rank's held part: ranks have different numbers of
+// parts per window, so the failing rank must still meet the others at the window's collectives
+// and every rank ends with its message (a hang here times the test out).
+TEST(MPI, FullReadTiesFailureInAHeldPartEndsAllRanks) {
+  mpi::Comm comm = mpi::Comm::world();
+  const std::string dir = make_family(comm);
+  MergeTask task = make_task(dir);
+  const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
+  task.full_read = true;
+  task.plan = make_full_read_plan(task.spec, task.tensors, blocking, "test");
+  task.plan.hash = compute_plan_hash(task.plan);
+  comm.barrier("every rank has opened the inputs");
+  if (comm.is_root()) {
+    const std::string victim = dir + "/expert2/model.safetensors";
+    fs::resize_file(victim, fs::file_size(victim) - 100);
+  }
+  comm.barrier("truncate");
+  int local_ok = 1;
+  // Parts of one block each, and of a few blocks.
+  for (std::uint64_t window : {std::uint64_t{1}, std::uint64_t{30000}}) {
+    const std::string out = dir + "/out" + std::to_string(window);
+    if (comm.is_root()) fs::create_directories(out);
+    comm.barrier("mkdir");
+    mpi::MergeRunOptions options;
+    options.output_dir = out;
+    options.window_bytes = window;
+    std::string message;
+    int code = 0;
+    try {
+      mpi::run_merge(comm, task, options);
+    } catch (const mpi::CollectiveError& e) {
+      message = e.what();
+      code = static_cast<int>(e.code());
+    }
+    local_ok &= code == 3 && message.find("expert2") != std::string::npos;
+  }
+  int all_ok = 0;
+  MPI_Allreduce(&local_ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (comm.is_root()) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
   EXPECT_EQ(all_ok, 1);
 }

@@ -1,0 +1,49 @@
+#pragma once
+// The order in which one rank scans and merges its share of a full-read TIES window.
+//
+// A share that fits in a retained window is one step: read once into memory, scanned, and merged
+// after the ranks have combined the window's sketches. A share larger than that (an embedding
+// matrix: 21 x 311 MB for K = 20 Qwen3-0.6B, 3.3 GB per rank at 2 ranks) is cut into parts that
+// fit, each read with O_DIRECT twice: for the scan, and again for the merge once the tensor's
+// thresholds are known. The alternative, reading it through the page cache and then again from
+// the cache, took 12 of the 22.7 s of a cold K = 20 full-read TIES on the test VM, whose page
+// cache path is several times slower than O_DIRECT.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "mergepipe/blocking.hpp"
+#include "mergepipe/retained_window.hpp"
+
+namespace mergepipe {
+
+struct WindowStep {
+  std::vector<std::uint32_t> to_scan, to_merge;  // blocks, ascending
+  bool held = false;                             // its blocks are read into a retained window first
+  // The window's sketches are complete after this step's scan: combine them (a collective)
+  // before this step's merge. Exactly one step of every window has it.
+  bool combine = false;
+};
+
+// Memory a list of blocks (ascending) needs when held, e.g. RetainedWindow::footprint of
+// held_ranges() of the blocks.
+using BlocksFootprint = std::function<std::uint64_t(std::span<const std::uint32_t>)>;
+
+// Steps of one share: to_scan and to_merge ascending. Not `hold`: one step, read from wherever
+// the reader reads. Otherwise one held step when the blocks of both lists fit in `limit` x 5/4,
+// else held parts of at most `limit` bytes (at least one block each): the scan's parts, then
+// the merge's. Never empty: a share with nothing to do is one step that only combines.
+std::vector<WindowStep> window_steps(const std::vector<std::uint32_t>& to_scan,
+                                     const std::vector<std::uint32_t>& to_merge,
+                                     const BlocksFootprint& footprint, std::uint64_t limit,
+                                     bool hold);
+
+// The byte ranges that hold `blocks` (ascending): one per source for each run of consecutive
+// blocks of a tensor, base first; sources are the base and `experts` experts. A pair with
+// wanted(expert, block) false is left out (the base is always in).
+std::vector<HeldRange> held_ranges(
+    const Blocking& blocking, std::span<const std::uint32_t> blocks, std::size_t experts,
+    const std::function<bool(std::size_t expert, std::uint32_t block)>& wanted = {});
+
+}  // namespace mergepipe

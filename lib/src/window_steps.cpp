@@ -1,0 +1,78 @@
+#include "mergepipe/window_steps.hpp"
+
+#include <algorithm>
+#include <iterator>
+#include <optional>
+
+namespace mergepipe {
+
+namespace {
+
+// Consecutive parts of `blocks`, each within `limit` bytes held (or a single block).
+std::vector<std::vector<std::uint32_t>> cut_parts(const std::vector<std::uint32_t>& blocks,
+                                                  const BlocksFootprint& footprint,
+                                                  std::uint64_t limit) {
+  std::vector<std::vector<std::uint32_t>> parts;
+  for (std::uint32_t b : blocks) {
+    if (!parts.empty()) {
+      std::vector<std::uint32_t>& part = parts.back();
+      part.push_back(b);
+      if (footprint(part) <= limit) continue;
+      part.pop_back();
+    }
+    parts.push_back({b});
+  }
+  return parts;
+}
+
+}  // namespace
+
+std::vector<WindowStep> window_steps(const std::vector<std::uint32_t>& to_scan,
+                                     const std::vector<std::uint32_t>& to_merge,
+                                     const BlocksFootprint& footprint, std::uint64_t limit,
+                                     bool hold) {
+  std::vector<std::uint32_t> all;
+  std::set_union(to_scan.begin(), to_scan.end(), to_merge.begin(), to_merge.end(),
+                 std::back_inserter(all));
+  if (!hold || all.empty() || footprint(all) <= limit * 5 / 4)
+    return {WindowStep{to_scan, to_merge, hold && !all.empty(), true}};
+  std::vector<WindowStep> steps;
+  for (std::vector<std::uint32_t>& part : cut_parts(to_scan, footprint, limit))
+    steps.push_back(WindowStep{std::move(part), {}, true, false});
+  // The last scan completes the sketches; without a scan, the first merge combines.
+  const std::size_t combining = steps.empty() ? 0 : steps.size() - 1;
+  for (std::vector<std::uint32_t>& part : cut_parts(to_merge, footprint, limit))
+    steps.push_back(WindowStep{{}, std::move(part), true, false});
+  steps[combining].combine = true;
+  return steps;
+}
+
+std::vector<HeldRange> held_ranges(
+    const Blocking& blocking, std::span<const std::uint32_t> blocks, std::size_t experts,
+    const std::function<bool(std::size_t expert, std::uint32_t block)>& wanted) {
+  std::vector<HeldRange> ranges;
+  // Per source (base first): the range the next block of the same tensor may extend.
+  std::vector<std::optional<std::size_t>> open(experts + 1);
+  for (std::uint32_t b : blocks) {
+    const Block& blk = blocking.blocks[b];
+    for (std::size_t s = 0; s <= experts; ++s) {
+      const int expert = static_cast<int>(s) - 1;
+      if (expert >= 0 && wanted && !wanted(static_cast<std::size_t>(expert), b)) {
+        open[s].reset();
+        continue;
+      }
+      if (open[s]) {
+        HeldRange& r = ranges[*open[s]];
+        if (r.tensor == blk.tensor && r.byte_begin + r.length == blk.byte_begin) {
+          r.length += blk.byte_length;
+          continue;
+        }
+      }
+      open[s] = ranges.size();
+      ranges.push_back({SourceId{expert}, blk.tensor, blk.byte_begin, blk.byte_length});
+    }
+  }
+  return ranges;
+}
+
+}  // namespace mergepipe

@@ -1,0 +1,165 @@
+// window_steps: a full-read TIES share that fits is one held step; one that does not is cut into
+// parts that fit, scanned first and merged after, with exactly one combining step per window
+// (a collective: a rank with two or none would hang the others). held_ranges: the ranges a
+// held step reads, one per source for each run of a tensor's blocks.
+#include "mergepipe/window_steps.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace mergepipe {
+namespace {
+
+constexpr std::size_t kExperts = 3;
+
+// Two tensors: "a" in 10 blocks of 100 bytes, "b" in 2 blocks of 100 bytes.
+Blocking two_tensors() {
+  return make_blocking({{"a", DType::kBF16, {10, 50}}, {"b", DType::kBF16, {2, 50}}}, 100);
+}
+
+// Bytes held for `blocks`: their ranges' lengths (no page rounding).
+BlocksFootprint footprint_of(const Blocking& blocking) {
+  return [&blocking](std::span<const std::uint32_t> blocks) {
+    std::uint64_t total = 0;
+    for (const HeldRange& r : held_ranges(blocking, blocks, kExperts)) total += r.length;
+    return total;
+  };
+}
+
+std::vector<std::uint32_t> blocks(std::uint32_t begin, std::uint32_t end) {
+  return block_range(begin, end);
+}
+
+std::vector<std::uint32_t> concat(const std::vector<WindowStep>& steps, bool scan) {
+  std::vector<std::uint32_t> all;
+  for (const WindowStep& s : steps) {
+    const auto& list = scan ? s.to_scan : s.to_merge;
+    all.insert(all.end(), list.begin(), list.end());
+  }
+  return all;
+}
+
+int combining_steps(const std::vector<WindowStep>& steps) {
+  int n = 0;
+  for (const WindowStep& s : steps) n += s.combine;
+  return n;
+}
+
+TEST(WindowSteps, WithoutHoldingIsOneStepReadFromTheReader) {
+  const Blocking blocking = two_tensors();
+  const auto steps = window_steps(blocks(0, 12), blocks(0, 12), footprint_of(blocking), 100, false);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_FALSE(steps[0].held);
+  EXPECT_TRUE(steps[0].combine);
+  EXPECT_EQ(steps[0].to_scan, blocks(0, 12));
+  EXPECT_EQ(steps[0].to_merge, blocks(0, 12));
+}
+
+TEST(WindowSteps, ShareThatFitsIsOneHeldStep) {
+  const Blocking blocking = two_tensors();
+  // 12 blocks x 4 sources x 100 bytes = 4800; 5/4 of 4000 is enough.
+  const auto steps = window_steps(blocks(0, 12), blocks(2, 12), footprint_of(blocking), 4000, true);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_TRUE(steps[0].held);
+  EXPECT_TRUE(steps[0].combine);
+  EXPECT_EQ(steps[0].to_scan, blocks(0, 12));
+  EXPECT_EQ(steps[0].to_merge, blocks(2, 12));
+}
+
+TEST(WindowSteps, LargerShareIsScannedInPartsThenMergedInParts) {
+  const Blocking blocking = two_tensors();
+  const auto footprint = footprint_of(blocking);
+  // 1200 bytes: three blocks of four sources per part.
+  const auto steps = window_steps(blocks(0, 12), blocks(1, 12), footprint, 1200, true);
+  ASSERT_EQ(steps.size(), 4u + 4u);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const WindowStep& s = steps[i];
+    EXPECT_TRUE(s.held);
+    // Scans first, then merges, never both in one part.
+    EXPECT_EQ(s.to_merge.empty(), i < 4) << i;
+    EXPECT_EQ(s.to_scan.empty(), i >= 4) << i;
+    EXPECT_LE(footprint(i < 4 ? s.to_scan : s.to_merge), 1200u) << i;
+    // The sketches are complete after the last scan, before any merge.
+    EXPECT_EQ(s.combine, i == 3) << i;
+  }
+  EXPECT_EQ(concat(steps, true), blocks(0, 12));
+  EXPECT_EQ(concat(steps, false), blocks(1, 12));
+  EXPECT_EQ(steps[4].to_merge, blocks(1, 4));
+}
+
+TEST(WindowSteps, WithoutScansTheFirstMergeCombines) {
+  const Blocking blocking = two_tensors();
+  const auto steps = window_steps({}, blocks(0, 12), footprint_of(blocking), 800, true);
+  ASSERT_EQ(steps.size(), 6u);
+  EXPECT_EQ(combining_steps(steps), 1);
+  EXPECT_TRUE(steps[0].combine);
+  EXPECT_EQ(concat(steps, false), blocks(0, 12));
+}
+
+TEST(WindowSteps, EmptyShareStillCombines) {
+  const Blocking blocking = two_tensors();
+  const auto steps = window_steps({}, {}, footprint_of(blocking), 800, true);
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_TRUE(steps[0].combine);
+  EXPECT_FALSE(steps[0].held);  // nothing to read
+}
+
+TEST(WindowSteps, BlockLargerThanTheLimitIsAPartOfItsOwn) {
+  const Blocking blocking = two_tensors();
+  const auto steps = window_steps(blocks(0, 3), {}, footprint_of(blocking), 100, true);
+  ASSERT_EQ(steps.size(), 3u);
+  for (std::uint32_t i = 0; i < 3; ++i) EXPECT_EQ(steps[i].to_scan, blocks(i, i + 1));
+  EXPECT_EQ(combining_steps(steps), 1);
+  EXPECT_TRUE(steps[2].combine);
+}
+
+TEST(HeldRanges, OneRangePerSourceForEachRunOfATensorsBlocks) {
+  const Blocking blocking = two_tensors();
+  // Blocks 2-4 of "a" (one run), 7 of "a" (another), 10-11 = all of "b" (a third tensor run).
+  const std::vector<std::uint32_t> list = {2, 3, 4, 7, 10, 11};
+  const auto ranges = held_ranges(blocking, list, kExperts);
+  ASSERT_EQ(ranges.size(), 3u * (kExperts + 1));
+  for (std::size_t run = 0; run < 3; ++run)
+    for (std::size_t s = 0; s <= kExperts; ++s) {
+      const HeldRange& r = ranges[run * (kExperts + 1) + s];
+      EXPECT_EQ(r.source.expert, static_cast<int>(s) - 1);
+      const std::uint32_t tensor = run == 2 ? 1 : 0;
+      const std::uint64_t begin = run == 0 ? 200 : run == 1 ? 700 : 0;
+      const std::uint64_t length = run == 0 ? 300 : run == 1 ? 100 : 200;
+      EXPECT_EQ(r.tensor, tensor);
+      EXPECT_EQ(r.byte_begin, begin);
+      EXPECT_EQ(r.length, length);
+    }
+}
+
+TEST(HeldRanges, UnwantedExpertBlocksAreLeftOutAndSplitTheirRun) {
+  const Blocking blocking = two_tensors();
+  // Expert 1 is not wanted in block 3: its run 2-4 becomes 2 and 4; the base always stays.
+  const auto ranges =
+      held_ranges(blocking, blocks(2, 5), kExperts,
+                  [](std::size_t k, std::uint32_t b) { return !(k == 1 && b == 3); });
+  std::uint64_t expert1_bytes = 0, base_bytes = 0;
+  int expert1_ranges = 0;
+  for (const HeldRange& r : ranges) {
+    if (r.source.expert == 1) {
+      ++expert1_ranges;
+      expert1_bytes += r.length;
+      EXPECT_TRUE(r.byte_begin == 200 || r.byte_begin == 400) << r.byte_begin;
+    }
+    if (r.source.expert == SourceId::kBase) base_bytes += r.length;
+  }
+  EXPECT_EQ(expert1_ranges, 2);
+  EXPECT_EQ(expert1_bytes, 200u);
+  EXPECT_EQ(base_bytes, 300u);
+  EXPECT_EQ(ranges.size(), 1u + 1u + 2u + 1u);  // base, expert 0, expert 1 (split), expert 2
+  // Not even the base is dropped when no expert is wanted.
+  const auto base_only = held_ranges(blocking, blocks(0, 1), kExperts,
+                                     [](std::size_t, std::uint32_t) { return false; });
+  ASSERT_EQ(base_only.size(), 1u);
+  EXPECT_EQ(base_only[0].source.expert, SourceId::kBase);
+}
+
+}  // namespace
+}  // namespace mergepipe
