@@ -27,15 +27,21 @@ std::vector<std::vector<std::uint32_t>> cut_parts(const std::vector<std::uint32_
 
 }  // namespace
 
+std::vector<std::uint32_t> step_blocks(const WindowStep& step) {
+  std::vector<std::uint32_t> blocks;
+  std::set_union(step.to_scan.begin(), step.to_scan.end(), step.to_merge.begin(),
+                 step.to_merge.end(), std::back_inserter(blocks));
+  return blocks;
+}
+
 std::vector<WindowStep> window_steps(const std::vector<std::uint32_t>& to_scan,
                                      const std::vector<std::uint32_t>& to_merge,
                                      const BlocksFootprint& footprint, std::uint64_t limit,
                                      bool hold) {
-  std::vector<std::uint32_t> all;
-  std::set_union(to_scan.begin(), to_scan.end(), to_merge.begin(), to_merge.end(),
-                 std::back_inserter(all));
-  if (!hold || all.empty() || footprint(all) <= limit * 5 / 4)
-    return {WindowStep{to_scan, to_merge, hold && !all.empty(), true}};
+  WindowStep whole{to_scan, to_merge, false, true};
+  const std::vector<std::uint32_t> all = step_blocks(whole);
+  whole.held = hold && !all.empty();
+  if (!hold || all.empty() || footprint(all) <= limit * 5 / 4) return {std::move(whole)};
   std::vector<WindowStep> steps;
   for (std::vector<std::uint32_t>& part : cut_parts(to_scan, footprint, limit))
     steps.push_back(WindowStep{std::move(part), {}, true, false});

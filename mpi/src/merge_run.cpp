@@ -6,7 +6,6 @@
 #include <array>
 #include <chrono>
 #include <future>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -577,10 +576,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     // What a held step reads: its blocks, less the expert blocks a scan already found identical
     // to the base (merged as omitted, so never read again). Decided when its read starts.
     auto ranges_of = [&](const WindowStep& step) {
-      std::vector<std::uint32_t> blocks;
-      std::set_union(step.to_scan.begin(), step.to_scan.end(), step.to_merge.begin(),
-                     step.to_merge.end(), std::back_inserter(blocks));
-      return held_ranges(blocking, blocks, experts, [&](std::size_t k, std::uint32_t b) {
+      return held_ranges(blocking, step_blocks(step), experts, [&](std::size_t k, std::uint32_t b) {
         return !unchanged_pairs[std::size_t{b} * experts + k];
       });
     };

@@ -26,6 +26,9 @@ struct WindowStep {
   bool combine = false;
 };
 
+// The blocks a step reads: those it scans or merges, ascending.
+std::vector<std::uint32_t> step_blocks(const WindowStep& step);
+
 // Memory a list of blocks (ascending) needs when held, e.g. RetainedWindow::footprint of
 // held_ranges() of the blocks.
 using BlocksFootprint = std::function<std::uint64_t(std::span<const std::uint32_t>)>;
