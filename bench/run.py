@@ -222,7 +222,7 @@ class Bench:
                  read_bw, write_bw, input_bytes, **extra):
         b = m["bytes_read"]
         # What the run must move: for a full read every input byte once (a full-read TIES reads
-        # the experts twice, the second time from the page cache), else what it read.
+        # its largest tensors twice, for the threshold scan and for the merge), else what it read.
         reads = input_bytes if budget is None else b["base"] + b["expert"]
         moved = reads + b["output_written"]
         # Reads at the read bandwidth, the output at the write bandwidth (fsync included).

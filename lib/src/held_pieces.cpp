@@ -12,12 +12,14 @@ namespace mergepipe {
 
 std::vector<HeldPiece> cut_held_pieces(
     const Blocking& blocking, std::span<const std::uint32_t> blocks, std::size_t experts,
-    const std::function<bool(std::size_t, std::size_t)>& admitted, std::uint64_t piece_bytes) {
+    const std::function<bool(std::size_t, std::size_t)>& admitted, std::uint64_t piece_bytes,
+    bool with_base) {
   std::vector<HeldPiece> pieces;
-  std::vector<std::ptrdiff_t> last_range;  // per expert: its latest range in the open piece
+  // Per source (the base, then expert k at k + 1): its latest range in the open piece.
+  std::vector<std::ptrdiff_t> last_range;
   auto open_piece = [&] {
     pieces.emplace_back();
-    last_range.assign(experts, -1);
+    last_range.assign(experts + 1, -1);
   };
   for (std::uint32_t b : blocks) {
     const Block& blk = blocking.blocks[b];
@@ -31,19 +33,19 @@ std::vector<HeldPiece> cut_held_pieces(
     piece.blocks.push_back(b);
     piece.expert_bytes += bytes;
     if (alone) continue;  // not held: its piece gets no ranges
-    for (std::size_t k = 0; k < experts; ++k) {
-      if (!admitted(k, b)) continue;
-      const std::ptrdiff_t i = last_range[k];
-      if (i >= 0) {
-        HeldRange& r = piece.ranges[static_cast<std::size_t>(i)];
+    for (int source = with_base ? SourceId::kBase : 0; source < static_cast<int>(experts);
+         ++source) {
+      if (source != SourceId::kBase && !admitted(static_cast<std::size_t>(source), b)) continue;
+      std::ptrdiff_t& last = last_range[static_cast<std::size_t>(source + 1)];
+      if (last >= 0) {
+        HeldRange& r = piece.ranges[static_cast<std::size_t>(last)];
         if (r.tensor == blk.tensor && r.byte_begin + r.length == blk.byte_begin) {
           r.length += blk.byte_length;
           continue;
         }
       }
-      last_range[k] = static_cast<std::ptrdiff_t>(piece.ranges.size());
-      piece.ranges.push_back(
-          {SourceId{static_cast<int>(k)}, blk.tensor, blk.byte_begin, blk.byte_length});
+      last = static_cast<std::ptrdiff_t>(piece.ranges.size());
+      piece.ranges.push_back({SourceId{source}, blk.tensor, blk.byte_begin, blk.byte_length});
     }
   }
   return pieces;
@@ -51,19 +53,22 @@ std::vector<HeldPiece> cut_held_pieces(
 
 void HeldExpertsReader::read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
                              std::span<std::byte> dst) {
-  if (source.expert == SourceId::kBase) return storage_.read(source, tensor, byte_begin, dst);
+  if (source.expert == SourceId::kBase && !base_held_)
+    return storage_.read(source, tensor, byte_begin, dst);
   experts_.read(source, tensor, byte_begin, dst);
 }
 
 std::byte* HeldExpertsReader::view(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
                                    std::uint64_t length) {
-  if (source.expert == SourceId::kBase) return storage_.view(source, tensor, byte_begin, length);
+  if (source.expert == SourceId::kBase && !base_held_)
+    return storage_.view(source, tensor, byte_begin, length);
   return experts_.view(source, tensor, byte_begin, length);
 }
 
 void HeldExpertsReader::prefetch(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
                                  std::uint64_t length) {
-  if (source.expert == SourceId::kBase) storage_.prefetch(source, tensor, byte_begin, length);
+  if (source.expert == SourceId::kBase && !base_held_)
+    storage_.prefetch(source, tensor, byte_begin, length);
 }
 
 std::string HeldExpertsReader::describe(SourceId source, std::uint32_t tensor,
@@ -105,8 +110,8 @@ ExecutionStats execute_in_held_pieces(
     while (queued.empty()) {
       const std::optional<std::vector<std::uint32_t>> list = next_list();
       if (!list) return std::nullopt;
-      for (HeldPiece& p :
-           cut_held_pieces(*job.blocking, *list, job.experts, job.admitted, options.piece_bytes))
+      for (HeldPiece& p : cut_held_pieces(*job.blocking, *list, job.experts, job.admitted,
+                                          options.piece_bytes, options.hold_base))
         queued.push_back(std::move(p));
     }
     HeldPiece piece = std::move(queued.front());
@@ -142,7 +147,7 @@ ExecutionStats execute_in_held_pieces(
     if (piece.ranges.empty()) {
       accumulate(stats, execute_blocks(job, piece.blocks, storage, sink, observer));
     } else {
-      HeldExpertsReader reader(storage, window);
+      HeldExpertsReader reader(storage, window, options.hold_base);
       accumulate(stats, execute_blocks(job, piece.blocks, reader, sink, observer));
     }
     if (stats.stopped) break;

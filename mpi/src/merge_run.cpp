@@ -327,7 +327,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.blocks_total = blocking.blocks.size();
 
   // The inputs. A full read's experts stream as whole files through the page cache unless it
-  // holds them in memory (TIES windows; linear and DARE pieces of files read with O_DIRECT).
+  // holds them in memory (TIES windows; linear and DARE pieces of files read with O_DIRECT,
+  // which hold the base bytes too, so its base is opened like an expert).
   const bool hold_full_read_pieces =
       task.full_read && !scan_thresholds_from_data && options.hold_windows;
   std::optional<io::CheckpointBlockReader> input_reader;
@@ -336,7 +337,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
                    task.base, task.experts, io::global_byte_counters(),
                    task.full_read && !options.hold_windows
                        ? io::CheckpointBlockReader::ExpertAccess::kWholeFiles
-                       : io::CheckpointBlockReader::ExpertAccess::kExactRanges,
+                   : hold_full_read_pieces ? io::CheckpointBlockReader::ExpertAccess::kHeldWindows
+                                           : io::CheckpointBlockReader::ExpertAccess::kExactRanges,
                    scan_thresholds_from_data ? io::InputIo::kBuffered : options.input_io);
              }),
              "merge");
@@ -493,6 +495,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       expert_piece_bytes = pieces.piece_bytes;
       pieces.fill_threads = std::max(1, options.io_threads / 2);
       pieces.request_bytes = kPieceRequestBytes;
+      pieces.hold_base = task.full_read && pieces.piece_bytes > 0;
       HeldPieceStats held;
       accumulate(stats,
                  execute_in_held_pieces(job, next_chunk, reader, sink, &observer, pieces, &held));

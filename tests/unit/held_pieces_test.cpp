@@ -27,7 +27,7 @@ constexpr std::size_t kExperts = 3;
 class MemoryReader : public BlockReader {
  public:
   std::map<int, std::vector<std::vector<std::byte>>> data;
-  std::atomic<int> plain_expert_reads{0}, in_place_reads{0};
+  std::atomic<int> plain_expert_reads{0}, plain_base_reads{0}, in_place_reads{0};
   int fail_source = -2;  // in-place reads of this source throw
 
   MemoryReader() {
@@ -51,7 +51,7 @@ class MemoryReader : public BlockReader {
   }
   void read(SourceId source, std::uint32_t tensor, std::uint64_t begin,
             std::span<std::byte> dst) override {
-    if (source.expert != SourceId::kBase) ++plain_expert_reads;
+    ++(source.expert == SourceId::kBase ? plain_base_reads : plain_expert_reads);
     copy(source, tensor, begin, dst);
   }
   void read_in_place(SourceId source, std::uint32_t tensor, std::uint64_t begin,
@@ -270,6 +270,41 @@ TEST(HeldPieces, MergeFromHeldPiecesEqualsThePlainStream) {
       EXPECT_EQ(held.held_bytes, admitted);
       EXPECT_EQ(f.reader.plain_expert_reads, 0);
     }
+  }
+}
+
+// A full read holds each piece's base bytes too: same output, and the storage reader is never
+// asked for a base slice; each held piece holds its blocks' base bytes exactly once.
+TEST(HeldPieces, WithTheBaseHeldTheBaseIsReadOnlyIntoPieces) {
+  Fixture f(0.6);
+  const ExecutionJob job = f.job();
+  const auto lists = f.lists();
+  MemorySink reference;
+  for (const auto& list : lists) execute_blocks(job, list, f.reader, reference);
+  ASSERT_GT(f.reader.plain_base_reads, 0);
+  for (std::uint64_t piece : {std::uint64_t{900}, std::uint64_t{5000}, std::uint64_t{1} << 30}) {
+    for (const auto& list : lists)
+      for (const HeldPiece& p :
+           cut_held_pieces(f.blocking, list, kExperts, f.admits(), piece, true)) {
+        std::uint64_t base_bytes = 0, blocks_bytes = 0;
+        for (const HeldRange& r : p.ranges)
+          if (r.source.expert == SourceId::kBase) base_bytes += r.length;
+        for (std::uint32_t b : p.blocks) blocks_bytes += f.blocking.blocks[b].byte_length;
+        EXPECT_EQ(base_bytes, blocks_bytes) << "piece " << piece;
+      }
+    MemorySink sink;
+    f.reader.plain_base_reads = 0;
+    f.reader.plain_expert_reads = 0;
+    HeldPieceOptions options;
+    options.piece_bytes = piece;
+    options.request_bytes = 4096;
+    options.hold_base = true;
+    HeldPieceStats held;
+    execute_in_held_pieces(job, f.list_source(), f.reader, sink, nullptr, options, &held);
+    EXPECT_EQ(sink.out, reference.out) << "piece " << piece;
+    EXPECT_EQ(held.held_pieces, held.pieces);
+    EXPECT_EQ(f.reader.plain_base_reads, 0) << "piece " << piece;
+    EXPECT_EQ(f.reader.plain_expert_reads, 0) << "piece " << piece;
   }
 }
 

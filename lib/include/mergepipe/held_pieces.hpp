@@ -7,7 +7,8 @@
 // and merging are decoupled the way the full-read TIES windows are: the blocks are cut into
 // pieces of at most `piece_bytes` of admitted expert bytes; the next piece is read into a
 // RetainedWindow in large requests while this one merges from views of the other; the base
-// still streams from its reader (the page cache, which the base read-ahead fills).
+// still streams from its reader (the page cache, which the base read-ahead fills), except in a
+// full read, which has no read-ahead and holds the base bytes of its pieces too.
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -21,23 +22,26 @@ namespace mergepipe {
 
 struct HeldPiece {
   std::vector<std::uint32_t> blocks;  // consecutive blocks of the list it was cut from
-  std::vector<HeldRange> ranges;      // their admitted expert bytes; empty: not held
-  std::uint64_t expert_bytes = 0;     // admitted expert bytes of the blocks
+  std::vector<HeldRange> ranges;   // their admitted expert (and held base) bytes; empty: not held
+  std::uint64_t expert_bytes = 0;  // admitted expert bytes of the blocks
 };
 
 // Cuts `blocks` (merged in this order) into pieces of whole blocks whose admitted expert bytes
 // are at most `piece_bytes`; adjacent bytes of one expert's tensor are one range. A block whose
 // admitted bytes alone exceed `piece_bytes` is a piece of its own that is not held (its expert
-// slices are read as it merges), so held memory stays bounded by the limit.
+// slices are read as it merges), so held memory stays bounded by the limit. With `with_base`,
+// a held piece also holds its blocks' base bytes (not counted against the limit: 1/K more).
 std::vector<HeldPiece> cut_held_pieces(
     const Blocking& blocking, std::span<const std::uint32_t> blocks, std::size_t experts,
-    const std::function<bool(std::size_t, std::size_t)>& admitted, std::uint64_t piece_bytes);
+    const std::function<bool(std::size_t, std::size_t)>& admitted, std::uint64_t piece_bytes,
+    bool with_base = false);
 
-// Base bytes from a storage reader, expert bytes from a held piece.
+// Expert bytes from a held piece; base bytes from the piece too when it holds them, else from
+// a storage reader.
 class HeldExpertsReader final : public BlockReader {
  public:
-  HeldExpertsReader(BlockReader& storage, RetainedWindow& experts)
-      : storage_(storage), experts_(experts) {}
+  HeldExpertsReader(BlockReader& storage, RetainedWindow& experts, bool base_held = false)
+      : storage_(storage), experts_(experts), base_held_(base_held) {}
   void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
             std::span<std::byte> dst) override;
   std::byte* view(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
@@ -50,12 +54,17 @@ class HeldExpertsReader final : public BlockReader {
  private:
   BlockReader& storage_;
   RetainedWindow& experts_;
+  bool base_held_;
 };
 
 struct HeldPieceOptions {
   std::uint64_t piece_bytes = std::uint64_t{64} << 20;   // 0: no pieces, slices read as merged
   int fill_threads = 4;                                  // concurrent requests of a fill
   std::uint64_t request_bytes = std::uint64_t{4} << 20;  // largest request of a fill
+  // Hold each held piece's base bytes too (a full read: nothing has read its base ahead, and
+  // streamed through the page cache it cost a cold K = 10 linear full read ~2 s of CPU in
+  // copies alone). The storage reader should then read its base around the page cache.
+  bool hold_base = false;
 };
 
 struct HeldPieceStats {
