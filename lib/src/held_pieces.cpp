@@ -17,21 +17,25 @@ std::vector<HeldPiece> cut_held_pieces(
   std::vector<HeldPiece> pieces;
   // Per source (the base, then expert k at k + 1): its latest range in the open piece.
   std::vector<std::ptrdiff_t> last_range;
+  std::uint64_t open_bytes = 0;  // bytes the open piece holds (or would, if alone)
   auto open_piece = [&] {
     pieces.emplace_back();
     last_range.assign(experts + 1, -1);
+    open_bytes = 0;
   };
   for (std::uint32_t b : blocks) {
     const Block& blk = blocking.blocks[b];
     std::uint64_t bytes = 0;
     for (std::size_t k = 0; k < experts; ++k)
       if (admitted(k, b)) bytes += blk.byte_length;
-    const bool alone = bytes > piece_bytes;
-    // After a piece alone over the limit, a new one: expert_bytes > piece_bytes marks it.
-    if (pieces.empty() || alone || pieces.back().expert_bytes + bytes > piece_bytes) open_piece();
+    const std::uint64_t held = bytes + (with_base ? blk.byte_length : 0);
+    const bool alone = held > piece_bytes;
+    // After a piece alone over the limit, a new one: its open_bytes > piece_bytes.
+    if (pieces.empty() || alone || open_bytes + held > piece_bytes) open_piece();
     HeldPiece& piece = pieces.back();
     piece.blocks.push_back(b);
     piece.expert_bytes += bytes;
+    open_bytes += held;
     if (alone) continue;  // not held: its piece gets no ranges
     for (int source = with_base ? SourceId::kBase : 0; source < static_cast<int>(experts);
          ++source) {

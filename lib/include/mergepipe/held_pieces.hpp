@@ -30,7 +30,8 @@ struct HeldPiece {
 // are at most `piece_bytes`; adjacent bytes of one expert's tensor are one range. A block whose
 // admitted bytes alone exceed `piece_bytes` is a piece of its own that is not held (its expert
 // slices are read as it merges), so held memory stays bounded by the limit. With `with_base`,
-// a held piece also holds its blocks' base bytes (not counted against the limit: 1/K more).
+// a held piece also holds its blocks' base bytes, and the limit counts them (at K = 2 they
+// are a third of a piece).
 std::vector<HeldPiece> cut_held_pieces(
     const Blocking& blocking, std::span<const std::uint32_t> blocks, std::size_t experts,
     const std::function<bool(std::size_t, std::size_t)>& admitted, std::uint64_t piece_bytes,
