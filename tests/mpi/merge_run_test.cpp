@@ -100,6 +100,43 @@ MergeTask make_task(const std::string& dir) {
   return task;
 }
 
+// make_task as a --full-read of `method`: every pair admitted, no thresholds given.
+MergeTask full_read_task(const std::string& dir, MergeMethod method) {
+  MergeTask task = make_task(dir);
+  task.spec.method = method;
+  const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
+  task.full_read = true;
+  task.plan = make_full_read_plan(task.spec, task.tensors, blocking, "test");
+  task.plan.hash = compute_plan_hash(task.plan);
+  return task;
+}
+
+// Cuts the end off the last expert's file once every rank has opened the inputs: only the
+// ranks whose blocks reach its end fail.
+void truncate_last_expert(const mpi::Comm& comm, const std::string& dir) {
+  comm.barrier("every rank has opened the inputs");
+  if (comm.is_root()) {
+    const std::string victim = dir + "/expert2/model.safetensors";
+    fs::resize_file(victim, fs::file_size(victim) - 100);
+  }
+  comm.barrier("truncate");
+}
+
+// The exit code and message every rank ends with when a merge fails (0 and "" if it did not).
+struct Failure {
+  int code = 0;
+  std::string message;
+};
+Failure failure_of(const mpi::Comm& comm, const MergeTask& task,
+                   const mpi::MergeRunOptions& options) {
+  try {
+    mpi::run_merge(comm, task, options);
+  } catch (const mpi::CollectiveError& e) {
+    return {static_cast<int>(e.code()), e.what()};
+  }
+  return {};
+}
+
 // Collects merged bytes per tensor in memory.
 class MemorySink : public OutputSink {
  public:
@@ -247,24 +284,12 @@ TEST(MPI, FailureOnOneRankEndsAllRanksWithItsMessage) {
   mpi::Comm comm = mpi::Comm::world();
   const std::string dir = make_family(comm);
   MergeTask task = make_task(dir);
-  comm.barrier("every rank has opened the inputs");
-  // Truncate the last expert's file: only the ranks whose blocks reach its end fail.
-  if (comm.is_root()) {
-    const std::string victim = dir + "/expert2/model.safetensors";
-    fs::resize_file(victim, fs::file_size(victim) - 100);
-    fs::create_directories(dir + "/out");
-  }
-  comm.barrier("truncate");
+  truncate_last_expert(comm, dir);
+  if (comm.is_root()) fs::create_directories(dir + "/out");
+  comm.barrier("mkdir");
   mpi::MergeRunOptions options;
   options.output_dir = dir + "/out";
-  std::string message;
-  int code = 0;
-  try {
-    mpi::run_merge(comm, task, options);
-  } catch (const mpi::CollectiveError& e) {
-    message = e.what();
-    code = static_cast<int>(e.code());
-  }
+  const auto [code, message] = failure_of(comm, task, options);
   const int local_ok = code == 3 && message.find("expert2") != std::string::npos;
   int all_ok = 0;
   MPI_Allreduce(&local_ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -354,12 +379,7 @@ TEST(MPI, ResumeKeepsCheckedBlocksAndRedoesTheRest) {
 TEST(MPI, FullReadLinearHoldsExpertPieces) {
   mpi::Comm comm = mpi::Comm::world();
   const std::string dir = make_family(comm);
-  MergeTask task = make_task(dir);
-  task.spec.method = MergeMethod::kLinear;
-  const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
-  task.full_read = true;
-  task.plan = make_full_read_plan(task.spec, task.tensors, blocking, "test");
-  task.plan.hash = compute_plan_hash(task.plan);
+  const MergeTask task = full_read_task(dir, MergeMethod::kLinear);
   std::uint64_t all_experts = 0;
   for (const auto& t : task.tensors) all_experts += 3 * t.nbytes();
   struct Case {
@@ -411,11 +431,7 @@ TEST(MPI, FullReadLinearHoldsExpertPieces) {
 TEST(MPI, FullReadTiesScansThresholdsFromTheData) {
   mpi::Comm comm = mpi::Comm::world();
   const std::string dir = make_family(comm);
-  MergeTask task = make_task(dir);
-  const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
-  task.full_read = true;
-  task.plan = make_full_read_plan(task.spec, task.tensors, blocking, "test");
-  task.plan.hash = compute_plan_hash(task.plan);
+  MergeTask task = full_read_task(dir, MergeMethod::kTies);
   ASSERT_TRUE(task.plan.thresholds.empty());
   int ok = 1;
   std::vector<std::string> hashes;
@@ -485,17 +501,8 @@ TEST(MPI, FullReadTiesScansThresholdsFromTheData) {
 TEST(MPI, FullReadTiesFailureInAHeldPartEndsAllRanks) {
   mpi::Comm comm = mpi::Comm::world();
   const std::string dir = make_family(comm);
-  MergeTask task = make_task(dir);
-  const Blocking blocking = make_blocking(task.tensors, task.block_bytes);
-  task.full_read = true;
-  task.plan = make_full_read_plan(task.spec, task.tensors, blocking, "test");
-  task.plan.hash = compute_plan_hash(task.plan);
-  comm.barrier("every rank has opened the inputs");
-  if (comm.is_root()) {
-    const std::string victim = dir + "/expert2/model.safetensors";
-    fs::resize_file(victim, fs::file_size(victim) - 100);
-  }
-  comm.barrier("truncate");
+  const MergeTask task = full_read_task(dir, MergeMethod::kTies);
+  truncate_last_expert(comm, dir);
   int local_ok = 1;
   // Parts of one block each, and of a few blocks.
   for (std::uint64_t window : {std::uint64_t{1}, std::uint64_t{30000}}) {
@@ -505,15 +512,8 @@ TEST(MPI, FullReadTiesFailureInAHeldPartEndsAllRanks) {
     mpi::MergeRunOptions options;
     options.output_dir = out;
     options.window_bytes = window;
-    std::string message;
-    int code = 0;
-    try {
-      mpi::run_merge(comm, task, options);
-    } catch (const mpi::CollectiveError& e) {
-      message = e.what();
-      code = static_cast<int>(e.code());
-    }
-    local_ok &= code == 3 && message.find("expert2") != std::string::npos;
+    const Failure failure = failure_of(comm, task, options);
+    local_ok &= failure.code == 3 && failure.message.find("expert2") != std::string::npos;
   }
   int all_ok = 0;
   MPI_Allreduce(&local_ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

@@ -47,25 +47,28 @@ int combining_steps(const std::vector<WindowStep>& steps) {
   return n;
 }
 
+// One combining step that scans `to_scan` and merges `to_merge`.
+void expect_one_step(const std::vector<WindowStep>& steps, bool held,
+                     const std::vector<std::uint32_t>& to_scan,
+                     const std::vector<std::uint32_t>& to_merge) {
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].held, held);
+  EXPECT_TRUE(steps[0].combine);
+  EXPECT_EQ(steps[0].to_scan, to_scan);
+  EXPECT_EQ(steps[0].to_merge, to_merge);
+}
+
 TEST(WindowSteps, WithoutHoldingIsOneStepReadFromTheReader) {
   const Blocking blocking = two_tensors();
-  const auto steps = window_steps(blocks(0, 12), blocks(0, 12), footprint_of(blocking), 100, false);
-  ASSERT_EQ(steps.size(), 1u);
-  EXPECT_FALSE(steps[0].held);
-  EXPECT_TRUE(steps[0].combine);
-  EXPECT_EQ(steps[0].to_scan, blocks(0, 12));
-  EXPECT_EQ(steps[0].to_merge, blocks(0, 12));
+  expect_one_step(window_steps(blocks(0, 12), blocks(0, 12), footprint_of(blocking), 100, false),
+                  false, blocks(0, 12), blocks(0, 12));
 }
 
 TEST(WindowSteps, ShareThatFitsIsOneHeldStep) {
   const Blocking blocking = two_tensors();
   // 12 blocks x 4 sources x 100 bytes = 4800; 5/4 of 4000 is enough.
-  const auto steps = window_steps(blocks(0, 12), blocks(2, 12), footprint_of(blocking), 4000, true);
-  ASSERT_EQ(steps.size(), 1u);
-  EXPECT_TRUE(steps[0].held);
-  EXPECT_TRUE(steps[0].combine);
-  EXPECT_EQ(steps[0].to_scan, blocks(0, 12));
-  EXPECT_EQ(steps[0].to_merge, blocks(2, 12));
+  expect_one_step(window_steps(blocks(0, 12), blocks(2, 12), footprint_of(blocking), 4000, true),
+                  true, blocks(0, 12), blocks(2, 12));
 }
 
 TEST(WindowSteps, LargerShareIsScannedInPartsThenMergedInParts) {
