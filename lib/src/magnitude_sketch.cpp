@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
 #include "mergepipe/error.hpp"
 
@@ -20,6 +21,51 @@ inline float bf16_value(const std::byte* p) {
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
+
+// Counts the keys key_of(0..n) into lanes-wide dense counters, element i in lane i % lanes.
+// Unrolled by the lane count, so the increments of one iteration never share a counter.
+template <std::size_t lanes, class KeyOf>
+inline void count_keys(std::uint32_t* counters, std::size_t n, KeyOf key_of) {
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    for (std::size_t lane = 0; lane < lanes; ++lane) ++counters[lanes * key_of(i + lane) + lane];
+  for (; i < n; ++i) ++counters[lanes * key_of(i) + i % lanes];
+}
+
+// Zeroed dense counter arrays, kept when a sketch goes sparse. A scan makes one sketch per
+// expert and tensor: allocating and clearing 512 KiB for each cost a memset and often fresh
+// pages (glibc trims its heap when a tensor's arrays are freed together), which the test VM
+// faults in at about 1 GB/s. A cold K = 10 full-read TIES took 129 k page faults, 43 k with it.
+class CounterPool {
+ public:
+  std::vector<std::uint32_t> take(std::size_t size) {
+    {
+      std::lock_guard lock(mutex_);
+      while (!free_.empty()) {
+        std::vector<std::uint32_t> counters = std::move(free_.back());
+        free_.pop_back();
+        if (counters.size() == size) return counters;
+      }
+    }
+    return std::vector<std::uint32_t>(size, 0u);
+  }
+  // `counters` must be all zero.
+  void give_back(std::vector<std::uint32_t>&& counters) {
+    std::lock_guard lock(mutex_);
+    if (free_.size() < kKept) free_.push_back(std::move(counters));
+  }
+
+ private:
+  // Enough for the sketches of one tensor's experts in flight at K = 64 (32-64 MiB).
+  static constexpr std::size_t kKept = 64;
+  std::mutex mutex_;
+  std::vector<std::vector<std::uint32_t>> free_;
+};
+
+CounterPool& counter_pool() {
+  static CounterPool pool;
+  return pool;
+}
 }  // namespace
 
 float bucket_lower_edge(std::uint16_t bucket) {
@@ -30,7 +76,7 @@ float bucket_lower_edge(std::uint16_t bucket) {
 }
 
 std::uint32_t* MagnitudeSketch::dense_for(std::size_t n) {
-  if (dense_.empty()) dense_.assign(kBuckets * kLanes, 0);
+  if (dense_.empty()) dense_ = counter_pool().take(kBuckets * kLanes);
   if (dense_count_ + n > kDenseCapacity) fold_dense();
   dense_count_ += n;
   total_ += n;
@@ -41,14 +87,8 @@ void MagnitudeSketch::add(const float* values, std::size_t n) {
   // Pieces small enough that no counter can overflow between folds.
   for (std::size_t done = 0; done < n;) {
     const std::size_t m = std::min<std::size_t>(n - done, kDenseCapacity);
-    std::uint32_t* h = dense_for(m);
     const float* v = values + done;
-    std::size_t i = 0;
-    for (; i + kLanes <= m; i += kLanes) {
-      ++h[kLanes * magnitude_bucket(v[i])];
-      ++h[kLanes * magnitude_bucket(v[i + 1]) + 1];
-    }
-    if (i < m) ++h[kLanes * magnitude_bucket(v[i])];
+    count_keys<kLanes>(dense_for(m), m, [v](std::size_t i) { return magnitude_bucket(v[i]); });
     done += m;
   }
 }
@@ -57,15 +97,11 @@ void MagnitudeSketch::add_bf16_deltas(const std::byte* expert_bf16, const float*
                                       std::size_t n) {
   for (std::size_t done = 0; done < n;) {
     const std::size_t m = std::min<std::size_t>(n - done, kDenseCapacity);
-    std::uint32_t* h = dense_for(m);
     const std::byte* e = expert_bf16 + 2 * done;
     const float* b = base + done;
-    std::size_t i = 0;
-    for (; i + kLanes <= m; i += kLanes) {
-      ++h[kLanes * magnitude_bucket(bf16_value(e + 2 * i) - b[i])];
-      ++h[kLanes * magnitude_bucket(bf16_value(e + 2 * i + 2) - b[i + 1]) + 1];
-    }
-    if (i < m) ++h[kLanes * magnitude_bucket(bf16_value(e + 2 * i) - b[i])];
+    count_keys<kLanes>(dense_for(m), m, [e, b](std::size_t i) {
+      return magnitude_bucket(bf16_value(e + 2 * i) - b[i]);
+    });
     done += m;
   }
 }
@@ -82,9 +118,18 @@ void MagnitudeSketch::fold_dense() {
   if (dense_count_ == 0) return;
   std::vector<std::uint16_t> keys;
   std::vector<std::uint64_t> counts;
-  dense_as_sparse(keys, counts);
+  // Reads every counter and clears only those in use, in the same pass.
+  for (std::size_t b = 0; b < kBuckets; ++b) {
+    std::uint32_t* lanes = dense_.data() + b * kLanes;
+    std::uint64_t c = 0;
+    for (std::size_t lane = 0; lane < kLanes; ++lane) c += lanes[lane];
+    if (c) {
+      keys.push_back(static_cast<std::uint16_t>(b));
+      counts.push_back(c);
+      std::fill(lanes, lanes + kLanes, 0u);
+    }
+  }
   merge_sparse(keys, counts);
-  std::fill(dense_.begin(), dense_.end(), 0u);
   dense_count_ = 0;
 }
 
@@ -141,7 +186,7 @@ void MagnitudeSketch::merge_sparse(std::span<const std::uint16_t> keys,
 void MagnitudeSketch::merge(const MagnitudeSketch& other) {
   if (other.total_ == 0) return;
   if (other.dense_count_ > 0) {
-    if (dense_.empty()) dense_.assign(kBuckets * kLanes, 0);
+    if (dense_.empty()) dense_ = counter_pool().take(kBuckets * kLanes);
     if (dense_count_ + other.dense_count_ > kDenseCapacity) fold_dense();
     for (std::size_t i = 0; i < dense_.size(); ++i) dense_[i] += other.dense_[i];
     dense_count_ += other.dense_count_;
@@ -151,9 +196,10 @@ void MagnitudeSketch::merge(const MagnitudeSketch& other) {
 }
 
 void MagnitudeSketch::compact() {
+  if (dense_.empty()) return;
   fold_dense();
-  dense_.clear();
-  dense_.shrink_to_fit();
+  counter_pool().give_back(std::move(dense_));
+  dense_ = {};
 }
 
 void MagnitudeSketch::combined(std::vector<std::uint16_t>& keys,

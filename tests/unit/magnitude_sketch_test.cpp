@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "mergepipe/dtype.hpp"
@@ -107,6 +108,49 @@ TEST(MagnitudeSketch, Bf16DeltasCountLikeTheirConvertedValues) {
   plain.add(delta.data(), n);
   EXPECT_EQ(fused, plain);
   EXPECT_EQ(fused.total(), n);
+}
+
+TEST(MagnitudeSketch, CountsEveryValueOnceWhateverTheLengthModuloTheLanes) {
+  // The dense counters interleave lanes and the loop is unrolled by them: every length around
+  // a multiple of the lane count, fused and plain, against a histogram counted one by one.
+  const auto v = deltas(1040, 9);
+  std::vector<std::byte> expert(2 * v.size()), base_bytes(2 * v.size());
+  std::vector<float> base(v.size());
+  std::mt19937 rng(10);
+  std::uniform_int_distribution<unsigned> mantissa(0, 0x7f);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const auto b = static_cast<std::uint16_t>(0x3f00 | mantissa(rng));  // ~0.5-1.0
+    const auto e = static_cast<std::uint16_t>(i % 3 == 0 ? b : b + (i % 11) - 5);
+    std::memcpy(base_bytes.data() + 2 * i, &b, 2);
+    std::memcpy(expert.data() + 2 * i, &e, 2);
+  }
+  mergepipe::convert_to_f32(mergepipe::DType::kBF16, base_bytes.data(), base.data(), v.size());
+  for (std::size_t n : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1029, 1030, 1031, 1032, 1033}) {
+    std::map<std::uint16_t, std::uint64_t> plain_expected, fused_expected;
+    std::vector<float> delta(n);
+    mergepipe::convert_delta_to_f32(mergepipe::DType::kBF16, expert.data(), base.data(),
+                                    delta.data(), n);
+    for (std::size_t i = 0; i < n; ++i) {
+      ++plain_expected[mergepipe::magnitude_bucket(v[i])];
+      ++fused_expected[mergepipe::magnitude_bucket(delta[i])];
+    }
+    MagnitudeSketch plain, fused;
+    plain.add(v.data(), n);
+    fused.add_bf16_deltas(expert.data(), base.data(), n);
+    for (auto [sketch, expected] :
+         {std::pair{&plain, &plain_expected}, {&fused, &fused_expected}}) {
+      sketch->compact();
+      std::vector<std::uint16_t> keys;
+      std::vector<std::uint64_t> counts;
+      for (const auto& [key, count] : *expected) {
+        keys.push_back(key);
+        counts.push_back(count);
+      }
+      EXPECT_EQ(sketch->keys(), keys) << n;
+      EXPECT_EQ(sketch->counts(), counts) << n;
+      EXPECT_EQ(sketch->total(), n);
+    }
+  }
 }
 
 TEST(MagnitudeSketch, DenseAndSparsePartsAddUp) {
