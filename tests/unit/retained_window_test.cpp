@@ -126,6 +126,26 @@ TEST(RetainedWindow, RefillReplacesTheRangesAndKeepsOrGrowsTheMemory) {
   EXPECT_THROW(window.view(SourceId{1}, 4, 0, 10), IoError);
 }
 
+TEST(RetainedWindow, FillsUpToAReservedSizeUseTheReservedMemory) {
+  // The memory reserved before the first fill is the memory every fill up to that size uses:
+  // no regrowth (which would free it and fault in new pages) and the same address.
+  PagedReader from;
+  RetainedWindow window;
+  const std::vector<HeldRange> small = {{SourceId{0}, 0, 0, 5000}};
+  const std::vector<HeldRange> large = {{SourceId{1}, 4, 0, 300000}, {SourceId{0}, 4, 0, 300000}};
+  window.reserve(RetainedWindow::footprint(from, large));
+  const std::uint64_t reserved = window.capacity();
+  EXPECT_GE(reserved, RetainedWindow::footprint(from, large));
+  window.fill(from, small, 2, 65536);
+  const std::byte* first = window.view(SourceId{0}, 0, 0, 1);
+  window.fill(from, large, 2, 65536);
+  EXPECT_EQ(window.capacity(), reserved);
+  EXPECT_TRUE(holds_the_bytes(window, large[0]));
+  EXPECT_TRUE(holds_the_bytes(window, large[1]));
+  window.fill(from, small, 2, 65536);
+  EXPECT_EQ(window.view(SourceId{0}, 0, 0, 1), first);
+}
+
 TEST(RetainedWindow, AFailedReadIsRethrownAndLeavesNothingHeld) {
   PagedReader from;
   RetainedWindow window;

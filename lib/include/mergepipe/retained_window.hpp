@@ -8,8 +8,8 @@
 //
 // fill() reads every range on several threads in requests of at most `request_bytes`, each
 // placed where the reader can have the device write it directly (BlockReader::read_in_place);
-// afterwards view() hands out the bytes without a copy. Memory grows to the largest fill and
-// is kept, so it is faulted in once per run.
+// afterwards view() hands out the bytes without a copy. Memory grows to the largest fill (or
+// what reserve() asked for) and is kept, so it is faulted in once per run.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -39,6 +39,9 @@ class RetainedWindow final : public BlockReader {
   void fill(BlockReader& from, const std::vector<HeldRange>& ranges, int threads,
             std::uint64_t request_bytes);
   std::uint64_t capacity() const noexcept { return memory_.capacity(); }
+  // Makes the memory at least `bytes` now, so that fills up to that size never regrow it (a
+  // regrowth frees the old memory and faults in all of the new).
+  void reserve(std::uint64_t bytes);
 
   // Only bytes inside one held range can be read or viewed; anything else is an error here.
   void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
