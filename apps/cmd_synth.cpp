@@ -65,7 +65,9 @@ int run_synth(const std::vector<std::string>& args) {
       "layers", po::value<std::uint64_t>(), "override the preset's layer count")(
       "hidden", po::value<std::uint64_t>(),
       "override the hidden size (heads, kv heads and intermediate size scale with it; head_dim is "
-      "kept)")("dtype", po::value(&dtype_text)->default_value("bf16"), "bf16, fp16 or fp32")(
+      "kept)")("vocab", po::value<std::uint64_t>(),
+               "override the vocabulary size (rows of embed_tokens and lm_head)")(
+      "dtype", po::value(&dtype_text)->default_value("bf16"), "bf16, fp16 or fp32")(
       "max-shard-size", po::value(&max_shard),
       "largest shard (e.g. 5GB, 2MB, 100kB; default 5GB, 100kB for tiny presets)")(
       "threads", po::value(&threads)->default_value(hardware), "generator threads")(
@@ -87,8 +89,8 @@ int run_synth(const std::vector<std::string>& args) {
     throw UsageError("synth: --threads " + std::to_string(threads) + ": must be at least 1");
 
   synth::FamilyOptions family_options;
-  family_options.preset =
-      synth::scale_preset(synth::find_preset(preset_name), opt_u64("layers"), opt_u64("hidden"));
+  family_options.preset = synth::scale_preset(synth::find_preset(preset_name), opt_u64("layers"),
+                                              opt_u64("hidden"), opt_u64("vocab"));
   family_options.dtype = parse_synth_dtype(dtype_text);
   family_options.seed = seed;
   family_options.experts = experts;

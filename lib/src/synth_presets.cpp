@@ -178,7 +178,21 @@ ModelPreset find_preset(std::string_view name) {
 }
 
 ModelPreset scale_preset(ModelPreset p, std::optional<std::uint64_t> layers,
-                         std::optional<std::uint64_t> hidden) {
+                         std::optional<std::uint64_t> hidden, std::optional<std::uint64_t> vocab) {
+  if (vocab) {
+    // At least 32 rows: a 'vocab' expert adds vocab / 32 (at most 16) new token rows.
+    if (*vocab < 32 || *vocab > (std::uint64_t{1} << 24))
+      throw UsageError("--vocab " + std::to_string(*vocab) + ": must be between 32 and 16777216");
+    p.vocab_size = *vocab;
+    // Special tokens beyond the new vocabulary move to its last rows, so config.json stays valid.
+    const auto in_vocab = [&](std::int64_t id, std::int64_t from_end) {
+      const auto size = static_cast<std::int64_t>(*vocab);
+      return id < size ? id : size - 1 - from_end;
+    };
+    p.bos_token_id = in_vocab(p.bos_token_id, 0);
+    for (std::size_t i = 0; i < p.eos_token_ids.size(); ++i)
+      p.eos_token_ids[i] = in_vocab(p.eos_token_ids[i], static_cast<std::int64_t>(i) + 1);
+  }
   if (layers) {
     if (*layers < 1 || *layers > 1024)
       throw UsageError("--layers " + std::to_string(*layers) + ": must be between 1 and 1024");

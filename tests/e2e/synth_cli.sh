@@ -112,7 +112,7 @@ grep -q "no-such-model" bad.err || fail "bad preset: message does not name it: $
 [[ ! -e "$TEST_SCRATCH/bad" ]] || fail "bad preset: output folder created"
 
 # Other bad arguments are usage errors too.
-for args in "--dtype int8" "--kinds full,sft" "--max-shard-size 10%" "--layers 0" "--threads 0"; do
+for args in "--dtype int8" "--kinds full,sft" "--max-shard-size 10%" "--layers 0" "--threads 0" "--vocab 16"; do
   set +e
   # shellcheck disable=SC2086
   "$MERGEPIPE" synth --preset tiny --experts 1 --out "$TEST_SCRATCH/bad" $args >/dev/null 2>&1

@@ -242,6 +242,24 @@ TEST(SynthPresets, OverridesScaleDownKeepingHeadDim) {
   EXPECT_THROW(scale_preset(find_preset("tiny"), std::nullopt, 30), UsageError);
 }
 
+TEST(SynthPresets, VocabOverrideSetsTheRowsOfEmbedAndLmHead) {
+  const ModelPreset p = scale_preset(find_preset("tiny-llama"), std::nullopt, std::nullopt, 96);
+  EXPECT_EQ(p.vocab_size, 96u);
+  const auto t = model_tensors(p, DType::kBF16);
+  EXPECT_EQ(find_tensor(t, "model.embed_tokens.weight")->info.shape[0], 96u);
+  EXPECT_EQ(find_tensor(t, "lm_head.weight")->info.shape[0], 96u);
+  EXPECT_EQ(nlohmann::json::parse(make_config_json(p, DType::kBF16))["vocab_size"], 96);
+  const ModelPreset q = scale_preset(find_preset("qwen3-0.6b"), std::nullopt, std::nullopt, 4096);
+  EXPECT_EQ(q.bos_token_id, 4095);  // special tokens moved inside the vocabulary
+  EXPECT_EQ(q.eos_token_ids, (std::vector<std::int64_t>{4094}));
+  EXPECT_EQ(scale_preset(find_preset("qwen3-0.6b"), std::nullopt, std::nullopt).vocab_size,
+            151936u);
+  EXPECT_THROW(scale_preset(find_preset("tiny"), std::nullopt, std::nullopt, 31), UsageError);
+  EXPECT_THROW(
+      scale_preset(find_preset("tiny"), std::nullopt, std::nullopt, (std::uint64_t{1} << 24) + 1),
+      UsageError);
+}
+
 TEST(SynthPresets, ConfigJsonHasRealKeys) {
   const auto c = nlohmann::json::parse(make_config_json(find_preset("qwen3-0.6b"), DType::kBF16));
   EXPECT_EQ(c["architectures"][0], "Qwen3ForCausalLM");

@@ -70,9 +70,11 @@ ModelPreset find_preset(std::string_view name);
 
 // Scales a preset down (or up): `layers` replaces the layer count; `hidden` replaces the hidden
 // size, keeping head_dim and scaling heads, kv heads (kept a divisor of heads) and the
-// intermediate size by the same ratio. UsageError for out-of-range values.
+// intermediate size by the same ratio; `vocab` replaces the vocabulary size (embed_tokens and
+// lm_head rows: most of a scaled-down model's bytes otherwise). UsageError for out-of-range values.
 ModelPreset scale_preset(ModelPreset preset, std::optional<std::uint64_t> layers,
-                         std::optional<std::uint64_t> hidden);
+                         std::optional<std::uint64_t> hidden,
+                         std::optional<std::uint64_t> vocab = std::nullopt);
 
 // Every tensor of the model in module order (embed, layers 0..L-1, norm, lm_head), all of
 // `dtype`.
