@@ -4,9 +4,11 @@
 # was not finished (checking what was) and publishes files byte-identical to an uninterrupted
 # run, at the same or another rank count, for safetensors and HDF5 outputs.
 source "$(dirname "$0")/common.bash"
+: "${FAULT_INJECT:?path of the LD_PRELOAD fault injector}"
 
-"$MERGEPIPE" synth --preset qwen3-0.6b --layers 4 --hidden 512 --experts 3 --kinds full \
-  --seed 9 --out fam >/dev/null
+# A 38 MB model (its vocabulary cut to 4096 rows); the runs to be killed write slowly.
+"$MERGEPIPE" synth --preset qwen3-0.6b --layers 4 --hidden 512 --vocab 4096 --experts 3 \
+  --kinds full --seed 9 --out fam >/dev/null
 run_np 2 catalog --base fam/base --experts fam/expert00 fam/expert01 fam/expert02 --out cat \
   --block-bytes 256KiB >/dev/null
 write_config ties.yaml ties fam 3
@@ -20,13 +22,16 @@ journal_records() {
   echo "$total"
 }
 
-# kill_part_way NP OUT ARGS...: starts `merge ARGS --out OUT` on NP ranks, SIGKILLs one rank once
-# the journal holds >= 15% of the blocks, and checks the job ended with nothing at OUT.
+# kill_part_way NP OUT ARGS...: starts `merge ARGS --out OUT` on NP ranks, each write into its
+# staging folder slowed by SLOW_MS, SIGKILLs one rank once the journal holds >= 15% of the blocks, and checks the
+# job ended with nothing at OUT.
 kill_part_way() {
   local np="$1" out="$2"
   shift 2
   local staging=".$out.mergepipe-staging"
-  "$MPIEXEC" -np "$np" --oversubscribe "$MERGEPIPE" merge "$@" --out "$out" --threads 1 \
+  env LD_PRELOAD="$FAULT_INJECT" MERGEPIPE_FAULT_SLOW_WRITE_PATH="$TEST_SCRATCH/$staging/" \
+    MERGEPIPE_FAULT_SLOW_MS="$SLOW_MS" ASAN_OPTIONS="${ASAN_OPTIONS:-}:verify_asan_link_order=0" \
+    "$MPIEXEC" -np "$np" --oversubscribe "$MERGEPIPE" merge "$@" --out "$out" --threads 1 \
     --progress none >"kill-$out.log" 2>&1 &
   local job=$! waited=0
   while (($(journal_records "$staging") < BLOCKS * 15 / 100)); do
@@ -52,6 +57,7 @@ kill_part_way() {
 }
 
 BLOCKS=$(json_get cat/catalog.json block_count)
+SLOW_MS=${SLOW_MS:-20}
 
 for fmt in safetensors hdf5; do
   # Budgeted TIES: the uninterrupted reference, then killed at 2 ranks and resumed at 2 and 3.

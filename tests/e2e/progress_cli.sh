@@ -3,16 +3,21 @@
 # plain progress lines in a log, JSON lines for --log-format json (errors too), nothing for
 # --quiet; and --mpiio-hint parsing.
 source "$(dirname "$0")/common.bash"
+: "${FAULT_INJECT:?path of the LD_PRELOAD fault injector}"
 
-"$MERGEPIPE" synth --preset qwen3-0.6b --layers 2 --hidden 256 --experts 3 --kinds full --seed 3 \
-  --out fam >/dev/null
+# An 8 MB model; the merges that must last several progress intervals write slowly (each write
+# into a staging folder, .OUT.mergepipe-staging, sleeps 5 ms).
+"$MERGEPIPE" synth --preset qwen3-0.6b --layers 2 --hidden 256 --vocab 4096 --experts 3 \
+  --kinds full --seed 3 --out fam >/dev/null
+slowly=(env LD_PRELOAD="$FAULT_INJECT" MERGEPIPE_FAULT_SLOW_WRITE_PATH="$TEST_SCRATCH/."
+        MERGEPIPE_FAULT_SLOW_MS=5 ASAN_OPTIONS="${ASAN_OPTIONS:-}:verify_asan_link_order=0")
 write_config ties.yaml ties fam 3
 
 # A log file (not a terminal): plain lines at the interval, then a final "done" line; no bar.
 run_np 2 catalog --base fam/base --experts fam/expert00 fam/expert01 fam/expert02 --out cat \
   --block-bytes 64KiB --progress-interval 0.05 >catalog.out 2>catalog.err
 grep -Eq "^mergepipe: catalog 100.0% .*\| done$" catalog.err || { cat catalog.err >&2; fail "no final catalog progress line"; }
-run_np 2 merge ties.yaml --catalog cat --budget 80% --out lines --threads 1 --io-threads 1 \
+"${slowly[@]}" "$MPIEXEC" -np 2 "$MERGEPIPE" merge ties.yaml --catalog cat --budget 80% --out lines --threads 1 --io-threads 1 \
   --progress-interval 0.05 >lines.out 2>lines.err
 grep -q $'\r' lines.err && fail "a terminal bar went to a log file"
 n=$(grep -Ec "^mergepipe: merge +[0-9.]+% \| [0-9.]+ of [0-9.]+ GB \| [0-9.]+ GB/s \| ETA [0-9:-]+ \| elapsed [0-9:]+" lines.err)
@@ -34,7 +39,7 @@ run_np 2 merge ties.yaml --catalog cat --budget 80% --out quiet --quiet >quiet.o
 
 # --log-format json: every stdout line is a JSON event, ending with the result; errors are JSON
 # on stderr with the exit code.
-run_np 2 merge ties.yaml --catalog cat --budget 80% --out json --log-format json \
+"${slowly[@]}" "$MPIEXEC" -np 2 "$MERGEPIPE" merge ties.yaml --catalog cat --budget 80% --out json --log-format json \
   --progress-interval 0.05 >json.out 2>json.err
 "$PYTHON" - json.out json/mergepipe.manifest.json <<'PY' || fail "bad JSON log"
 import json, sys

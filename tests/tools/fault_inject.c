@@ -12,6 +12,9 @@
 //   MERGEPIPE_FAULT_SLOW_PATH=PREFIX    read-family calls on files under PREFIX first sleep
 //   MERGEPIPE_FAULT_SLOW_MS=MS          MS milliseconds (a tiny merge then lasts long enough to
 //                                       be killed or raced, deterministically and without CPU)
+//   MERGEPIPE_FAULT_SLOW_WRITE_PATH=P   write-family calls on files under P sleep the same way (a
+//                                       merge's journal and shards: its progress is slowed
+//                                       evenly, whatever its reads hold in memory)
 //   MERGEPIPE_FAULT_SLOW_RENAME=TEXT    rename() of a path containing TEXT first sleeps
 //                                       MERGEPIPE_FAULT_SLOW_MS (widens a publication window)
 //   MERGEPIPE_FAULT_RANK=R              only in the MPI rank R (OMPI_COMM_WORLD_RANK or PMI_RANK)
@@ -34,6 +37,7 @@ static long enospc_room;  // bytes still accepted under the prefix
 static const char* eio_file;
 static long eio_remaining;  // decremented atomically: ranks run reader threads
 static const char* slow_prefix;
+static const char* slow_write_prefix;
 static const char* slow_rename;
 static long slow_ms;
 
@@ -52,6 +56,7 @@ __attribute__((constructor)) static void read_configuration(void) {
   const char* count = getenv("MERGEPIPE_FAULT_EIO_COUNT");
   eio_remaining = count ? strtol(count, NULL, 10) : 1;
   slow_prefix = getenv("MERGEPIPE_FAULT_SLOW_PATH");
+  slow_write_prefix = getenv("MERGEPIPE_FAULT_SLOW_WRITE_PATH");
   slow_rename = getenv("MERGEPIPE_FAULT_SLOW_RENAME");
   const char* ms = getenv("MERGEPIPE_FAULT_SLOW_MS");
   slow_ms = ms ? strtol(ms, NULL, 10) : 100;
@@ -86,11 +91,13 @@ static size_t iov_bytes(const struct iovec* iov, int count) {
   return total;
 }
 
-static void slow_down(int fd) {
-  if (!slow_prefix) return;
+static void sleep_under(const char* prefix, int fd) {
+  if (!prefix) return;
   char path[PATH_MAX];
-  if (fd_path(fd, path, sizeof path) && has_prefix(path, slow_prefix)) usleep(slow_ms * 1000);
+  if (fd_path(fd, path, sizeof path) && has_prefix(path, prefix)) usleep(slow_ms * 1000);
 }
+
+static void slow_down(int fd) { sleep_under(slow_prefix, fd); }
 
 static int read_fails(int fd) {
   if (!eio_file || __atomic_load_n(&eio_remaining, __ATOMIC_RELAXED) <= 0) return 0;
@@ -104,41 +111,49 @@ static int read_fails(int fd) {
 #define NEXT(name) ((__typeof__(&name))dlsym(RTLD_NEXT, #name))
 
 ssize_t write(int fd, const void* buf, size_t n) {
+  sleep_under(slow_write_prefix, fd);
   if (write_fails(fd, n)) return -1;
   return NEXT(write)(fd, buf, n);
 }
 
 ssize_t pwrite(int fd, const void* buf, size_t n, off_t offset) {
+  sleep_under(slow_write_prefix, fd);
   if (write_fails(fd, n)) return -1;
   return NEXT(pwrite)(fd, buf, n, offset);
 }
 
 ssize_t pwrite64(int fd, const void* buf, size_t n, off64_t offset) {
+  sleep_under(slow_write_prefix, fd);
   if (write_fails(fd, n)) return -1;
   return NEXT(pwrite64)(fd, buf, n, offset);
 }
 
 ssize_t writev(int fd, const struct iovec* iov, int count) {
+  sleep_under(slow_write_prefix, fd);
   if (write_fails(fd, iov_bytes(iov, count))) return -1;
   return NEXT(writev)(fd, iov, count);
 }
 
 ssize_t pwritev(int fd, const struct iovec* iov, int count, off_t offset) {
+  sleep_under(slow_write_prefix, fd);
   if (write_fails(fd, iov_bytes(iov, count))) return -1;
   return NEXT(pwritev)(fd, iov, count, offset);
 }
 
 ssize_t pwritev2(int fd, const struct iovec* iov, int count, off_t offset, int flags) {
+  sleep_under(slow_write_prefix, fd);
   if (write_fails(fd, iov_bytes(iov, count))) return -1;
   return NEXT(pwritev2)(fd, iov, count, offset, flags);
 }
 
 int fallocate(int fd, int mode, off_t offset, off_t length) {
+  sleep_under(slow_write_prefix, fd);
   if (write_fails(fd, (size_t)length)) return -1;
   return NEXT(fallocate)(fd, mode, offset, length);
 }
 
 int fallocate64(int fd, int mode, off64_t offset, off64_t length) {
+  sleep_under(slow_write_prefix, fd);
   if (write_fails(fd, (size_t)length)) return -1;
   return NEXT(fallocate64)(fd, mode, offset, length);
 }
