@@ -1,6 +1,8 @@
 #include "mergepipe/magnitude_sketch.hpp"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,18 +10,75 @@
 
 #include "mergepipe/error.hpp"
 
+// Key kernels: written so GCC vectorises each loop; compiled for the baseline ISA and for
+// AVX2/AVX-512 and picked at load time (as in dtype.cpp).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define MERGEPIPE_SKETCH_KERNEL __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define MERGEPIPE_SKETCH_KERNEL
+#endif
+
 namespace mergepipe {
 
 namespace {
 constexpr std::size_t kBuckets = std::size_t{1} << 16;
+// Keys counted per step: 8 KiB of keys and 4 KiB of flags, in L1; small enough that 16-bit sums
+// of a step cannot overflow.
+constexpr std::size_t kStep = 4096;
 
-inline float bf16_value(const std::byte* p) {
-  std::uint16_t h;
-  std::memcpy(&h, p, sizeof h);
-  const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+// keys[i] = magnitude_bucket(float(expert[i]) - base[i]) for bf16 expert values.
+MERGEPIPE_SKETCH_KERNEL void bf16_delta_keys(const std::byte* __restrict expert,
+                                             const float* __restrict base,
+                                             std::uint16_t* __restrict keys, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, expert + 2 * i, sizeof h);
+    const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
+    float value;
+    std::memcpy(&value, &bits, sizeof value);
+    keys[i] = magnitude_bucket(value - base[i]);
+  }
+}
+
+MERGEPIPE_SKETCH_KERNEL void float_keys(const float* __restrict values,
+                                        std::uint16_t* __restrict keys, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) keys[i] = magnitude_bucket(values[i]);
+}
+
+// counts[h] = how many of the n <= kStep keys equal hot[h] (distinct keys); cold[i] = 1 when
+// keys[i] is none of them, else 0.
+MERGEPIPE_SKETCH_KERNEL void count_hot_keys(const std::uint16_t* __restrict keys, std::size_t n,
+                                            const std::uint16_t* __restrict hot,
+                                            std::uint32_t* __restrict counts,
+                                            std::uint8_t* __restrict cold) {
+  constexpr std::size_t kHot = MagnitudeSketch::kHotKeys;
+  std::uint16_t h[kHot];
+  std::memcpy(h, hot, sizeof h);
+  std::uint16_t c[kHot] = {};
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t k = keys[i];
+    std::uint8_t is_hot = 0;
+    for (std::size_t j = 0; j < kHot; ++j) {
+      const bool equal = k == h[j];
+      c[j] = static_cast<std::uint16_t>(c[j] + equal);
+      is_hot |= static_cast<std::uint8_t>(equal);
+    }
+    cold[i] = static_cast<std::uint8_t>(is_hot ^ 1u);
+  }
+  for (std::size_t j = 0; j < kHot; ++j) counts[j] = c[j];
+}
+
+// Bit i of the result is flags[i] (each 0 or 1), for 64 flags.
+inline std::uint64_t flag_bits(const std::uint8_t* flags) {
+  std::uint64_t bits = 0;
+  for (int group = 0; group < 8; ++group) {
+    std::uint64_t eight;
+    std::memcpy(&eight, flags + 8 * group, sizeof eight);
+    // Byte b of `eight` lands on bit 56 + b of the product, with no carries between them.
+    bits |= ((eight * 0x0102040810204080ull) >> 56) << (8 * group);
+  }
+  return bits;
 }
 
 // Counts the keys key_of(0..n) into lanes-wide dense counters, element i in lane i % lanes.
@@ -84,26 +143,84 @@ std::uint32_t* MagnitudeSketch::dense_for(std::size_t n) {
 }
 
 void MagnitudeSketch::add(const float* values, std::size_t n) {
-  // Pieces small enough that no counter can overflow between folds.
-  for (std::size_t done = 0; done < n;) {
-    const std::size_t m = std::min<std::size_t>(n - done, kDenseCapacity);
-    const float* v = values + done;
-    count_keys<kLanes>(dense_for(m), m, [v](std::size_t i) { return magnitude_bucket(v[i]); });
-    done += m;
+  std::uint16_t keys[kStep];
+  for (std::size_t done = 0; done < n; done += kStep) {
+    const std::size_t m = std::min(n - done, kStep);
+    float_keys(values + done, keys, m);
+    count(keys, m);
   }
 }
 
 void MagnitudeSketch::add_bf16_deltas(const std::byte* expert_bf16, const float* base,
                                       std::size_t n) {
-  for (std::size_t done = 0; done < n;) {
-    const std::size_t m = std::min<std::size_t>(n - done, kDenseCapacity);
-    const std::byte* e = expert_bf16 + 2 * done;
-    const float* b = base + done;
-    count_keys<kLanes>(dense_for(m), m, [e, b](std::size_t i) {
-      return magnitude_bucket(bf16_value(e + 2 * i) - b[i]);
-    });
-    done += m;
+  std::uint16_t keys[kStep];
+  for (std::size_t done = 0; done < n; done += kStep) {
+    const std::size_t m = std::min(n - done, kStep);
+    bf16_delta_keys(expert_bf16 + 2 * done, base + done, keys, m);
+    count(keys, m);
   }
+}
+
+void MagnitudeSketch::count(const std::uint16_t* keys, std::size_t n) {
+  std::uint32_t* counters = dense_for(n);
+  if (!has_hot_) {
+    count_keys<kLanes>(counters, n, [keys](std::size_t i) { return keys[i]; });
+    choose_hot_keys(keys, n);
+    return;
+  }
+  std::uint32_t hot_counts[kHotKeys];
+  alignas(64) std::uint8_t cold[kStep + 64];
+  count_hot_keys(keys, n, hot_.data(), hot_counts, cold);
+  std::size_t cold_count = n;
+  for (std::size_t j = 0; j < kHotKeys; ++j) {
+    counters[kLanes * hot_[j]] += hot_counts[j];
+    cold_count -= hot_counts[j];
+  }
+  const std::size_t padded = (n + 63) / 64 * 64;
+  std::fill(cold + n, cold + padded, std::uint8_t{0});
+  for (std::size_t first = 0; first < n; first += 64) {
+    for (std::uint64_t bits = flag_bits(cold + first); bits != 0; bits &= bits - 1) {
+      const auto i = static_cast<std::size_t>(std::countr_zero(bits));
+      ++counters[kLanes * keys[first + i] + i % kLanes];
+    }
+  }
+  // The deltas moved to other magnitudes (another part of the tensor): choose again, from a
+  // step large enough to tell.
+  if (n >= kStep / 4 && 2 * cold_count > n) choose_hot_keys(keys, n);
+}
+
+void MagnitudeSketch::choose_hot_keys(const std::uint16_t* keys, std::size_t n) {
+  // The most frequent keys of this step by their counts so far (already counted), distinct.
+  std::array<std::uint64_t, kHotKeys> best_counts{};
+  std::array<std::uint16_t, kHotKeys> best{};
+  std::size_t found = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t k = keys[i];
+    if (std::find(best.begin(), best.begin() + found, k) != best.begin() + found) continue;
+    std::uint64_t c = 0;
+    for (std::size_t lane = 0; lane < kLanes; ++lane) c += dense_[kLanes * k + lane];
+    std::size_t at = found;
+    if (found < kHotKeys) {
+      ++found;
+    } else if (c <= best_counts[kHotKeys - 1]) {
+      continue;
+    } else {
+      at = kHotKeys - 1;
+    }
+    for (; at > 0 && best_counts[at - 1] < c; --at) {
+      best_counts[at] = best_counts[at - 1];
+      best[at] = best[at - 1];
+    }
+    best_counts[at] = c;
+    best[at] = k;
+  }
+  // Fewer distinct keys than slots: the rest get other distinct keys (counting their values
+  // there is still exact).
+  for (std::uint16_t filler = 0xffff; found < kHotKeys; --filler)
+    if (std::find(best.begin(), best.begin() + found, filler) == best.begin() + found)
+      best[found++] = filler;
+  hot_ = best;
+  has_hot_ = true;
 }
 
 void MagnitudeSketch::add_zeros(std::size_t n) {

@@ -153,6 +153,68 @@ TEST(MagnitudeSketch, CountsEveryValueOnceWhateverTheLengthModuloTheLanes) {
   }
 }
 
+TEST(MagnitudeSketch, CountsExactlyWhicheverKeysItCountsByVectorCompares) {
+  // After its first step a sketch counts its 8 most frequent keys with vector compares and the
+  // others one by one, and chooses again when most of a step misses them. Values drawn to make
+  // each path matter: mostly a few units in the last place of a bf16 base (as real deltas), then
+  // other magnitudes (a new choice), then only 3 distinct keys, one of them 0xfffe (|NaN|,
+  // which a careless filler of the unused slots would count twice), added in pieces of every
+  // length around the 64-key words and the 4096-key steps.
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::vector<std::byte> expert;
+  std::vector<float> base;
+  auto push = [&](std::uint16_t base_bits, std::uint16_t expert_bits) {
+    float b;
+    const std::uint32_t bits = std::uint32_t{base_bits} << 16;
+    std::memcpy(&b, &bits, sizeof b);
+    base.push_back(b);
+    expert.resize(expert.size() + 2);
+    std::memcpy(expert.data() + expert.size() - 2, &expert_bits, 2);
+  };
+  for (int i = 0; i < 30000; ++i) {  // ulps of a ~0.01-0.04 base; 10% anything
+    const auto b = static_cast<std::uint16_t>(0x3c00 + (rng() & 0x1ff));
+    const float u = unit(rng);
+    const int ulps = u < 0.55f ? 0 : u < 0.75f ? 1 : u < 0.85f ? -1 : u < 0.9f ? 2 : 0;
+    const auto e = static_cast<std::uint16_t>(u < 0.9f ? b + ulps : rng() & 0xffff);
+    push(b, e);
+  }
+  for (int i = 0; i < 12000; ++i) {  // a base near 100 and other deltas
+    const auto b = static_cast<std::uint16_t>(0x42c0 + (rng() & 0x3f));
+    push(b, static_cast<std::uint16_t>(b + 1 + (rng() & 3)));
+  }
+  for (int i = 0; i < 9000; ++i) {  // zero, 31, NaN: none of them chosen before
+    const int pick = static_cast<int>(rng() % 3);
+    push(0x3f80, pick == 0 ? 0x3f80 : pick == 1 ? 0x4200 : 0x7fff);
+  }
+  std::vector<float> delta(base.size());
+  mergepipe::convert_delta_to_f32(mergepipe::DType::kBF16, expert.data(), base.data(), delta.data(),
+                                  delta.size());
+  std::map<std::uint16_t, std::uint64_t> expected;
+  for (float d : delta) ++expected[mergepipe::magnitude_bucket(d)];
+  ASSERT_TRUE(expected.count(0xfffe));
+  std::vector<std::uint16_t> keys;
+  std::vector<std::uint64_t> counts;
+  for (const auto& [key, count] : expected) {
+    keys.push_back(key);
+    counts.push_back(count);
+  }
+  MagnitudeSketch plain, fused;
+  const std::size_t pieces[] = {4096, 1, 63, 64, 65, 4095, 4097, 127, 10000, 8192, 3};
+  for (std::size_t done = 0, p = 0; done < delta.size(); ++p) {
+    const std::size_t n = std::min(pieces[p % std::size(pieces)], delta.size() - done);
+    plain.add(delta.data() + done, n);
+    fused.add_bf16_deltas(expert.data() + 2 * done, base.data() + done, n);
+    done += n;
+  }
+  for (MagnitudeSketch* sketch : {&plain, &fused}) {
+    sketch->compact();
+    EXPECT_EQ(sketch->keys(), keys);
+    EXPECT_EQ(sketch->counts(), counts);
+    EXPECT_EQ(sketch->total(), delta.size());
+  }
+}
+
 TEST(MagnitudeSketch, DenseAndSparsePartsAddUp) {
   // A sketch holding both parts at once (zeros go to the sparse part, values to the dense one)
   // and merges of every combination give what one add() of all the values gives.
