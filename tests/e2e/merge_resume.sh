@@ -23,8 +23,8 @@ journal_records() {
 }
 
 # kill_part_way NP OUT ARGS...: starts `merge ARGS --out OUT` on NP ranks, each write into its
-# staging folder slowed by SLOW_MS, SIGKILLs one rank once the journal holds >= 15% of the blocks, and checks the
-# job ended with nothing at OUT.
+# staging folder slowed by SLOW_MS, SIGKILLs one rank once the journal holds >= 15% of the
+# blocks, and checks the job ended with nothing at OUT.
 kill_part_way() {
   local np="$1" out="$2"
   shift 2

@@ -17,7 +17,8 @@ write_config ties.yaml ties fam 3
 run_np 2 catalog --base fam/base --experts fam/expert00 fam/expert01 fam/expert02 --out cat \
   --block-bytes 64KiB --progress-interval 0.05 >catalog.out 2>catalog.err
 grep -Eq "^mergepipe: catalog 100.0% .*\| done$" catalog.err || { cat catalog.err >&2; fail "no final catalog progress line"; }
-"${slowly[@]}" "$MPIEXEC" -np 2 "$MERGEPIPE" merge ties.yaml --catalog cat --budget 80% --out lines --threads 1 --io-threads 1 \
+"${slowly[@]}" "$MPIEXEC" -np 2 "$MERGEPIPE" merge ties.yaml --catalog cat --budget 80% \
+  --out lines --threads 1 --io-threads 1 \
   --progress-interval 0.05 >lines.out 2>lines.err
 grep -q $'\r' lines.err && fail "a terminal bar went to a log file"
 n=$(grep -Ec "^mergepipe: merge +[0-9.]+% \| [0-9.]+ of [0-9.]+ GB \| [0-9.]+ GB/s \| ETA [0-9:-]+ \| elapsed [0-9:]+" lines.err)
@@ -39,7 +40,8 @@ run_np 2 merge ties.yaml --catalog cat --budget 80% --out quiet --quiet >quiet.o
 
 # --log-format json: every stdout line is a JSON event, ending with the result; errors are JSON
 # on stderr with the exit code.
-"${slowly[@]}" "$MPIEXEC" -np 2 "$MERGEPIPE" merge ties.yaml --catalog cat --budget 80% --out json --log-format json \
+"${slowly[@]}" "$MPIEXEC" -np 2 "$MERGEPIPE" merge ties.yaml --catalog cat --budget 80% \
+  --out json --log-format json \
   --progress-interval 0.05 >json.out 2>json.err
 "$PYTHON" - json.out json/mergepipe.manifest.json <<'PY' || fail "bad JSON log"
 import json, sys
