@@ -25,8 +25,7 @@ BlockStream::BlockStream(const Blocking& blocking, std::vector<std::uint32_t> bl
   const int depth = std::max(1, options_.depth);
   for (int i = 0; i < depth + 1; ++i)
     free_.push_back(options_.pool ? options_.pool->take() : std::make_unique<LoadedBlock>());
-  const int threads = std::max(1, options_.io_threads);
-  for (int i = 0; i < threads; ++i)
+  for (int i = 0; i < options_.io_threads; ++i)
     threads_.emplace_back([this] {
       name_this_thread("mp-read");
       io_loop();
@@ -137,7 +136,29 @@ void BlockStream::io_loop() {
   }
 }
 
+std::unique_ptr<LoadedBlock> BlockStream::read_next_here() {
+  std::unique_lock lock(mutex_);
+  if (handed_out_ == units_.size()) return nullptr;
+  // A consumer may keep more slices than the stream keeps buffers for; with nothing read ahead
+  // that is no reason to wait.
+  if (free_.empty())
+    free_.push_back(options_.pool ? options_.pool->take() : std::make_unique<LoadedBlock>());
+  schedule_next();
+  while (!pieces_.empty()) {
+    const Piece piece = pieces_.front();
+    pieces_.pop_front();
+    read_piece(piece);
+    const std::uint64_t bytes = piece.owner->block->byte_length;
+    (piece.source == SourceId::kBase ? base_bytes_ : expert_bytes_) += bytes;
+  }
+  std::unique_ptr<LoadedBlock> block = std::move(inflight_.front().block);
+  inflight_.pop_front();
+  ++handed_out_;
+  return block;
+}
+
 std::unique_ptr<LoadedBlock> BlockStream::next(double& waited) {
+  if (threads_.empty()) return read_next_here();
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock lock(mutex_);
   if (handed_out_ == units_.size()) return nullptr;

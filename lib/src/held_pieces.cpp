@@ -123,6 +123,10 @@ ExecutionStats execute_in_held_pieces(
     return piece;
   };
   std::array<RetainedWindow, 2> windows;  // piece i in windows[i % 2]
+  // A piece that holds the base too has every byte in memory: its stream finds them on its own
+  // thread (see StreamOptions::io_threads).
+  ExecutionJob in_memory = job;
+  in_memory.io_threads = 0;
   auto fill = [&](const HeldPiece& piece, RetainedWindow& window) {
     name_this_thread("mp-fill");
     window.fill(storage, piece.ranges, options.fill_threads, options.request_bytes);
@@ -152,7 +156,8 @@ ExecutionStats execute_in_held_pieces(
       accumulate(stats, execute_blocks(job, piece.blocks, storage, sink, observer));
     } else {
       HeldExpertsReader reader(storage, window, options.hold_base);
-      accumulate(stats, execute_blocks(job, piece.blocks, reader, sink, observer));
+      accumulate(stats, execute_blocks(options.hold_base ? in_memory : job, piece.blocks, reader,
+                                       sink, observer));
     }
     if (stats.stopped) break;
   }

@@ -678,6 +678,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         RetainedWindow* const this_held = std::exchange(next_held, nullptr);
         if (!window_failure && i + 1 < steps.size()) next_held = start_fetch(i + 1);
         BlockReader& source = this_held ? static_cast<BlockReader&>(*this_held) : reader;
+        // A held step's bytes are all in memory: its streams find them on their own thread.
+        scan.io_threads = job.io_threads = this_held ? 0 : options.io_threads;
         const auto ts = Clock::now();
         if (!window_failure && !step.to_scan.empty()) {
           window_failure = capture_failure([&] {

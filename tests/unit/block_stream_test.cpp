@@ -69,7 +69,7 @@ struct StreamFixture {
 
 TEST(BlockStream, HandsOutBlocksInOrderWithExactlyTheWantedReads) {
   const StreamFixture s;
-  for (int threads : {1, 3, 8}) {
+  for (int threads : {0, 1, 3, 8}) {
     for (int depth : {1, 4}) {
       PatternReader reader;
       reader.jitter = true;
@@ -109,7 +109,7 @@ TEST(BlockStream, HandsOutBlocksInOrderWithExactlyTheWantedReads) {
       EXPECT_EQ(stream.base_bytes(), expect_base);
       EXPECT_EQ(stream.expert_bytes(), expect_expert);
       EXPECT_EQ(reader.reads.load(), expect_reads);
-      EXPECT_LE(reader.max_in_flight.load(), threads);
+      EXPECT_LE(reader.max_in_flight.load(), std::max(1, threads));
     }
   }
 }
@@ -130,7 +130,7 @@ TEST(BlockStream, SeveralReadsAreInFlightAtOnce) {
 
 TEST(BlockStream, AReadErrorReachesTheConsumer) {
   const StreamFixture s;
-  for (int threads : {1, 4}) {
+  for (int threads : {0, 1, 4}) {
     PatternReader reader;
     reader.fail_on_read = 9;
     StreamOptions o;
@@ -153,7 +153,7 @@ TEST(BlockStream, SlicesCoverEachBlockInOrder) {
     PatternReader reader;
     reader.jitter = true;
     StreamOptions o;
-    o.io_threads = 3;
+    o.io_threads = slice == 30u ? 0 : 3;
     o.depth = 2;
     o.slice_bytes = slice;
     o.wanted = [&](std::size_t k, std::size_t b) { return s.wanted(k, b); };
@@ -214,6 +214,38 @@ TEST(BlockStream, StoppingEarlyDoesNotHangAndReadsAtMostTheWindow) {
       EXPECT_LE(reader.reads.load(), (depth + 1) * int(s.experts + 1));
     }
   }
+}
+
+TEST(BlockStream, WithoutIoThreadsReadsEachSliceOnTheCallersThreadWhenAskedFor) {
+  const StreamFixture s;
+  struct ThreadCheckingReader : PatternReader {
+    std::thread::id caller = std::this_thread::get_id();
+    void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
+              std::span<std::byte> dst) override {
+      EXPECT_EQ(std::this_thread::get_id(), caller) << "read on another thread";
+      PatternReader::read(source, tensor, byte_begin, dst);
+    }
+  } reader;
+  StreamOptions o;
+  o.io_threads = 0;
+  o.depth = 1;
+  o.wanted = [&](std::size_t k, std::size_t b) { return s.wanted(k, b); };
+  const auto list = block_range(0, std::uint32_t(s.blocking.blocks.size()));
+  BlockStream stream(s.blocking, list, s.experts, reader, o);
+  double waited = 0;
+  // Slices the consumer keeps: more than the stream's depth, which must not make it wait.
+  std::vector<std::unique_ptr<LoadedBlock>> kept;
+  int expect_reads = 0;
+  for (std::uint32_t b : list) {
+    kept.push_back(stream.next(waited));
+    ASSERT_NE(kept.back(), nullptr);
+    EXPECT_EQ(kept.back()->block, b);
+    expect_reads += 1;
+    for (std::size_t k = 0; k < s.experts; ++k) expect_reads += s.wanted(k, b) ? 1 : 0;
+    EXPECT_EQ(reader.reads.load(), expect_reads) << "read ahead of the consumer";
+  }
+  EXPECT_EQ(stream.next(waited), nullptr);
+  for (auto& b : kept) stream.recycle(std::move(b));
 }
 
 TEST(BlockStream, EmptyListEndsAtOnce) {

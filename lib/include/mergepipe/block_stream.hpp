@@ -132,7 +132,10 @@ class BlockPool {
 };
 
 struct StreamOptions {
-  int io_threads = 4;             // concurrent read requests
+  // Concurrent read requests. 0: no I/O threads, next() reads on the caller's thread; for a
+  // reader that holds every byte in memory (views), where handing each view over from a thread
+  // costs more than finding it (futex wake-ups on both sides for a map lookup).
+  int io_threads = 4;
   int depth = 2;                  // slices read ahead of the consumer
   std::uint64_t slice_bytes = 0;  // 0: whole blocks
   // wanted(k, b): read expert k's block b. Must be pure (called from the I/O threads).
@@ -177,6 +180,7 @@ class BlockStream {
   bool can_schedule() const;  // under mutex_
   void schedule_next();       // under mutex_
   void read_piece(const Piece& piece);
+  std::unique_ptr<LoadedBlock> read_next_here();  // next() without I/O threads
 
   const Blocking& blocking_;
   std::vector<Unit> units_;
