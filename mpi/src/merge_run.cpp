@@ -365,8 +365,12 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         task.full_read && !(scan_thresholds_from_data && options.hold_windows) &&
         !(hold_full_read_pieces && experts_direct);
     result.output_io = io::resolve_output_io(options.output_io, streams_inputs_through_cache);
+    std::uint64_t largest_write = 0;  // a block's output bytes
+    for (const Block& blk : blocking.blocks)
+      largest_write =
+          std::max(largest_write, blk.elem_count * dtype_size(layout->tensors[blk.tensor].dtype));
     auto sink = std::make_unique<SafetensorsSink>(comm, *layout, options.output_dir, hints,
-                                                  result.output_io);
+                                                  result.output_io, largest_write);
     safetensors_output = sink.get();
     output = std::move(sink);
   } else {
@@ -448,6 +452,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   double scan_seconds = 0, scan_read_wait = 0;
   std::uint64_t input_files = 0, input_files_direct = 0;
   std::uint64_t window_count = 0, held_shares = 0, held_bytes = 0;
+  double fill_wait = 0, combine_seconds = 0;
   std::uint64_t expert_piece_bytes = 0, expert_pieces = 0, held_pieces = 0, held_piece_bytes = 0;
   auto failure = capture_failure([&] {
     io::JournalWriter journal(options.output_dir, comm.rank());
@@ -673,7 +678,9 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         const WindowStep& step = steps[i].work;
         if (!window_failure)
           window_failure = capture_failure([&] {
+            const auto tw = Clock::now();
             if (fetching.valid()) fetching.get();
+            fill_wait += seconds_since(tw);
           });
         RetainedWindow* const this_held = std::exchange(next_held, nullptr);
         if (!window_failure && i + 1 < steps.size()) next_held = start_fetch(i + 1);
@@ -698,8 +705,10 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
           });
         }
         if (step.combine) {
+          const auto tc = Clock::now();
           comm.check(window_failure, "scan thresholds");
           combine_sketches(w, part);
+          combine_seconds += seconds_since(tc);
         }
         scan_seconds += seconds_since(ts);
         if (!window_failure && !step.to_merge.empty()) {
@@ -771,6 +780,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.windows = window_count;
   result.held_shares = comm.allreduce_sum(held_shares, "reduce held windows");
   result.held_bytes = comm.allreduce_sum(held_bytes, "reduce held windows");
+  result.fill_wait_seconds = comm.allreduce_max(fill_wait, "reduce held windows");
+  result.combine_seconds = comm.allreduce_max(combine_seconds, "reduce held windows");
   result.expert_piece_bytes = comm.allreduce_max(expert_piece_bytes, "reduce expert pieces");
   result.expert_pieces = comm.allreduce_sum(expert_pieces, "reduce expert pieces");
   result.held_pieces = comm.allreduce_sum(held_pieces, "reduce expert pieces");

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/file.hpp"
@@ -10,7 +12,7 @@ namespace mergepipe::mpi {
 // collective, nor unwind into a collective close they never reach.
 SafetensorsSink::SafetensorsSink(const Comm& comm, const io::OutputLayout& layout,
                                  const std::string& dir, const InfoHints& hints,
-                                 io::OutputIo output_io)
+                                 io::OutputIo output_io, std::uint64_t largest_write)
     : comm_(comm), layout_(layout), dir_(dir) {
   for (std::size_t s = 0; s < layout.shards.size(); ++s) {
     const std::string path = dir + "/" + layout.shard_names[s];
@@ -37,8 +39,10 @@ SafetensorsSink::SafetensorsSink(const Comm& comm, const io::OutputLayout& layou
   std::vector<std::string> paths;
   for (const std::string& name : layout.shard_names) paths.push_back(dir + "/" + name);
   comm.check(capture_failure([&] {
+               const std::uint64_t queued = std::clamp<std::uint64_t>(
+                   kWriteQueueBytes / std::max<std::uint64_t>(1, largest_write), 2, 64);
                writer_ = std::make_unique<io::AsyncFileWriter>(
-                   paths, 4, io::AsyncFileWriter::kDefaultFlushEvery, output_io);
+                   paths, queued, io::AsyncFileWriter::kDefaultFlushEvery, output_io);
              }),
              "open the output shards for writing");
 }

@@ -91,6 +91,9 @@ struct MergeRunResult {
   // Full-read TIES: scan-then-merge windows, rank shares of them held in memory (summed over
   // ranks) and the input bytes read into those.
   std::uint64_t windows = 0, held_shares = 0, held_bytes = 0;
+  // ... and the longest time a rank waited for a held share's reads, and spent combining the
+  // windows' sketches (waiting for the slowest rank included).
+  double fill_wait_seconds = 0, combine_seconds = 0;
   // Budgeted merge, or linear or DARE full read: the piece size used (0: none), pieces merged,
   // of which held in memory, and the expert bytes read into those (summed over ranks).
   std::uint64_t expert_piece_bytes = 0;
