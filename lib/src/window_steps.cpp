@@ -6,6 +6,11 @@
 
 namespace mergepipe {
 
+std::uint64_t full_read_window_bytes(std::size_t experts) {
+  constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+  return std::clamp<std::uint64_t>(24 * kMiB * (experts + 1), 128 * kMiB, 256 * kMiB);
+}
+
 namespace {
 
 // Consecutive parts of `blocks`, each within `limit` bytes held (or a single block).

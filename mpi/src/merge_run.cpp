@@ -453,6 +453,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   std::uint64_t input_files = 0, input_files_direct = 0;
   std::uint64_t window_count = 0, held_shares = 0, held_bytes = 0;
   double fill_wait = 0, combine_seconds = 0;
+  std::uint64_t used_window_bytes = 0;
   std::uint64_t expert_piece_bytes = 0, expert_pieces = 0, held_pieces = 0, held_piece_bytes = 0;
   auto failure = capture_failure([&] {
     io::JournalWriter journal(options.output_dir, comm.rank());
@@ -493,10 +494,11 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       // page cache, which on the test VM reads at a fraction of O_DIRECT (the K = 20 family
       // once: 16.7-28.9 s through the cache on 4 threads, 6.1-9.1 s direct).
       HeldPieceOptions pieces;
-      pieces.piece_bytes = !experts_direct        ? 0
-                           : !task.full_read      ? options.expert_piece_bytes
-                           : options.hold_windows ? options.window_bytes
-                                                  : 0;
+      pieces.piece_bytes = !experts_direct         ? 0
+                           : !task.full_read       ? options.expert_piece_bytes
+                           : !options.hold_windows ? 0
+                           : options.window_bytes  ? options.window_bytes
+                                                   : kFullReadPieceBytes;
       expert_piece_bytes = pieces.piece_bytes;
       pieces.fill_threads = std::max(1, options.io_threads / 2);
       pieces.request_bytes = kPieceRequestBytes;
@@ -536,10 +538,12 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         work = !done.count(blocking.first_block[t] + i);
       if (work) pending_tensors.push_back(t);
     }
-    const auto windows =
-        make_windows(pending_tensors, task.tensors, experts + 1,
-                     options.window_bytes * static_cast<std::uint64_t>(comm.size()));
+    const std::uint64_t window_bytes =
+        options.window_bytes ? options.window_bytes : full_read_window_bytes(experts);
+    const auto windows = make_windows(pending_tensors, task.tensors, experts + 1,
+                                      window_bytes * static_cast<std::uint64_t>(comm.size()));
     window_count = windows.size();
+    used_window_bytes = window_bytes;
     auto blocks_of = [&](const std::vector<std::uint32_t>& window) {
       std::vector<std::uint32_t> blocks;
       std::vector<std::uint64_t> costs;
@@ -577,8 +581,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         if (!thresholds.count(blocking.blocks[b].tensor)) to_scan.push_back(b);
         if (!done.count(b)) to_merge.push_back(b);
       }
-      for (WindowStep& s : window_steps(to_scan, to_merge, footprint, options.window_bytes,
-                                        held_reader.has_value()))
+      for (WindowStep& s :
+           window_steps(to_scan, to_merge, footprint, window_bytes, held_reader.has_value()))
         steps.push_back({w, std::move(s)});
     }
     // What a held step reads: its blocks, less the expert blocks a scan already found identical
@@ -778,6 +782,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.input_files_direct = comm.allreduce_sum(input_files_direct, "reduce input files");
   result.output_bytes_direct = comm.allreduce_sum(output_direct, "reduce output bytes");
   result.windows = window_count;
+  result.window_bytes = used_window_bytes;
   result.held_shares = comm.allreduce_sum(held_shares, "reduce held windows");
   result.held_bytes = comm.allreduce_sum(held_bytes, "reduce held windows");
   result.fill_wait_seconds = comm.allreduce_max(fill_wait, "reduce held windows");

@@ -164,5 +164,15 @@ TEST(HeldRanges, UnwantedExpertBlocksAreLeftOutAndSplitTheirRun) {
   EXPECT_EQ(base_only[0].source.expert, SourceId::kBase);
 }
 
+TEST(FullReadWindowBytes, HoldsAboutTheSameBytesOfEveryInputWithinItsBounds) {
+  constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+  EXPECT_EQ(full_read_window_bytes(1), 128 * kMiB);  // 48 MiB of inputs: the floor
+  EXPECT_EQ(full_read_window_bytes(4), 128 * kMiB);  // 120 MiB
+  EXPECT_EQ(full_read_window_bytes(5), 144 * kMiB);
+  EXPECT_EQ(full_read_window_bytes(9), 240 * kMiB);
+  EXPECT_EQ(full_read_window_bytes(10), 256 * kMiB);  // 264 MiB: the cap
+  EXPECT_EQ(full_read_window_bytes(1000), 256 * kMiB);
+}
+
 }  // namespace
 }  // namespace mergepipe

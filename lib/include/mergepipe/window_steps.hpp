@@ -8,6 +8,7 @@
 // thresholds are known. The alternative, reading it through the page cache and then again from
 // the cache, took 12 of the 22.7 s of a cold K = 20 full-read TIES on the test VM, whose page
 // cache path is several times slower than O_DIRECT.
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -17,6 +18,13 @@
 #include "mergepipe/retained_window.hpp"
 
 namespace mergepipe {
+
+// The default full-read TIES window (input bytes per rank): 24 MiB of each of the K + 1 inputs,
+// between 128 and 256 MiB. Its two buffers are memory a run faults in once, at a cost that does not
+// shrink with K (on the test VM, whose host backs guest memory on first touch, ~2 ms per MiB);
+// sized by the inputs it stays the same share of the work. Cold full-read TIES, 128 against 256 MiB
+// (bench/ab.py, 4 alternated reps): K = 2 0.934x, K = 5 0.976x, K = 10 1.043x.
+std::uint64_t full_read_window_bytes(std::size_t experts);
 
 struct WindowStep {
   std::vector<std::uint32_t> to_scan, to_merge;  // blocks, ascending

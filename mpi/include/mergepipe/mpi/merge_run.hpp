@@ -57,7 +57,8 @@ struct MergeRunOptions {
   // Full-read TIES: input bytes per rank per scan-then-merge window. Two held windows of up to
   // 5/4 of it each are in memory at once. A linear or DARE full read whose experts are read
   // around the page cache holds pieces of this many expert bytes (see expert_piece_bytes).
-  std::uint64_t window_bytes = std::uint64_t{256} << 20;
+  // 0: full_read_window_bytes(K) for TIES windows, kFullReadPieceBytes for pieces.
+  std::uint64_t window_bytes = 0;
   // false: every TIES window is read twice, and linear and DARE full reads stream whole files,
   // through the page cache
   bool hold_windows = true;
@@ -94,11 +95,14 @@ struct MergeRunResult {
   // ... and the longest time a rank waited for a held share's reads, and spent combining the
   // windows' sketches (waiting for the slowest rank included).
   double fill_wait_seconds = 0, combine_seconds = 0;
+  std::uint64_t window_bytes = 0;  // the window size used
   // Budgeted merge, or linear or DARE full read: the piece size used (0: none), pieces merged,
   // of which held in memory, and the expert bytes read into those (summed over ranks).
   std::uint64_t expert_piece_bytes = 0;
   std::uint64_t expert_pieces = 0, held_pieces = 0, held_piece_bytes = 0;
 };
+
+inline constexpr std::uint64_t kFullReadPieceBytes = std::uint64_t{256} << 20;
 
 MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRunOptions& options);
 
