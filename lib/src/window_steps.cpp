@@ -13,20 +13,22 @@ std::uint64_t full_read_window_bytes(std::size_t experts) {
 
 namespace {
 
-// Consecutive parts of `blocks`, each within `limit` bytes held (or a single block).
+// Consecutive parts of `blocks`, each within `limit` bytes held (or a single block), filled
+// from the end: the last part is a full one and the first takes what is left over.
 std::vector<std::vector<std::uint32_t>> cut_parts(const std::vector<std::uint32_t>& blocks,
                                                   const BlocksFootprint& footprint,
                                                   std::uint64_t limit) {
   std::vector<std::vector<std::uint32_t>> parts;
-  for (std::uint32_t b : blocks) {
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
     if (!parts.empty()) {
       std::vector<std::uint32_t>& part = parts.back();
-      part.push_back(b);
+      part.insert(part.begin(), *b);
       if (footprint(part) <= limit) continue;
-      part.pop_back();
+      part.erase(part.begin());
     }
-    parts.push_back({b});
+    parts.push_back({*b});
   }
+  std::reverse(parts.begin(), parts.end());
   return parts;
 }
 
@@ -52,7 +54,18 @@ std::vector<WindowStep> window_steps(const std::vector<std::uint32_t>& to_scan,
     steps.push_back(WindowStep{std::move(part), {}, true, false});
   // The last scan completes the sketches; without a scan, the first merge combines.
   const std::size_t combining = steps.empty() ? 0 : steps.size() - 1;
-  for (std::vector<std::uint32_t>& part : cut_parts(to_merge, footprint, limit))
+  // The last scanned part is still in memory when the thresholds are known: it is merged there
+  // and then, not read again.
+  std::vector<std::uint32_t> rest = to_merge;
+  if (!steps.empty()) {
+    WindowStep& last = steps.back();
+    std::set_intersection(last.to_scan.begin(), last.to_scan.end(), to_merge.begin(),
+                          to_merge.end(), std::back_inserter(last.to_merge));
+    rest.clear();
+    std::set_difference(to_merge.begin(), to_merge.end(), last.to_merge.begin(),
+                        last.to_merge.end(), std::back_inserter(rest));
+  }
+  for (std::vector<std::uint32_t>& part : cut_parts(rest, footprint, limit))
     steps.push_back(WindowStep{{}, std::move(part), true, false});
   steps[combining].combine = true;
   return steps;

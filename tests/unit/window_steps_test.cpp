@@ -1,11 +1,13 @@
 // window_steps: a full-read TIES share that fits is one held step; one that does not is cut into
-// parts that fit, scanned first and merged after, with exactly one combining step per window
+// parts that fit, scanned first and merged after (the last scanned part merged while held), with
+// exactly one combining step per window
 // (a collective: a rank with two or none would hang the others). held_ranges: the ranges a
 // held step reads, one per source for each run of a tensor's blocks.
 #include "mergepipe/window_steps.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -76,20 +78,53 @@ TEST(WindowSteps, LargerShareIsScannedInPartsThenMergedInParts) {
   const auto footprint = footprint_of(blocking);
   // 1200 bytes: three blocks of four sources per part.
   const auto steps = window_steps(blocks(0, 12), blocks(1, 12), footprint, 1200, true);
-  ASSERT_EQ(steps.size(), 4u + 4u);
+  ASSERT_EQ(steps.size(), 4u + 3u);
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const WindowStep& s = steps[i];
     EXPECT_TRUE(s.held);
-    // Scans first, then merges, never both in one part.
-    EXPECT_EQ(s.to_merge.empty(), i < 4) << i;
+    // Scans first, then merges; only the last scan merges too, what it holds.
+    EXPECT_EQ(s.to_merge.empty(), i < 3) << i;
     EXPECT_EQ(s.to_scan.empty(), i >= 4) << i;
-    EXPECT_LE(footprint(i < 4 ? s.to_scan : s.to_merge), 1200u) << i;
+    EXPECT_LE(footprint(step_blocks(s)), 1200u) << i;
     // The sketches are complete after the last scan, before any merge.
     EXPECT_EQ(s.combine, i == 3) << i;
   }
   EXPECT_EQ(concat(steps, true), blocks(0, 12));
-  EXPECT_EQ(concat(steps, false), blocks(1, 12));
-  EXPECT_EQ(steps[4].to_merge, blocks(1, 4));
+  // The last scanned part (blocks 9-11) is merged where it is, the rest in parts read again.
+  EXPECT_EQ(steps[3].to_scan, blocks(9, 12));
+  EXPECT_EQ(steps[3].to_merge, blocks(9, 12));
+  std::vector<std::uint32_t> merged = concat(steps, false);
+  std::sort(merged.begin(), merged.end());
+  EXPECT_EQ(merged, blocks(1, 12));
+  EXPECT_EQ(steps[4].to_merge, blocks(1, 3));  // cut from the end: the first part is the rest
+  EXPECT_EQ(steps[5].to_merge, blocks(3, 6));
+  EXPECT_EQ(steps[6].to_merge, blocks(6, 9));
+}
+
+TEST(WindowSteps, PartsAreCutFromTheEndSoTheLastScanHoldsAFullPart) {
+  const Blocking blocking = two_tensors();
+  const auto footprint = footprint_of(blocking);
+  // 11 blocks, three per part: 2 + 3 + 3 + 3, the short part first.
+  const auto steps = window_steps(blocks(0, 11), blocks(0, 11), footprint, 1200, true);
+  ASSERT_EQ(steps.size(), 4u + 3u);
+  EXPECT_EQ(steps[0].to_scan, blocks(0, 2));
+  EXPECT_EQ(steps[3].to_scan, blocks(8, 11));
+  EXPECT_EQ(steps[3].to_merge, blocks(8, 11));
+  EXPECT_EQ(combining_steps(steps), 1);
+  EXPECT_TRUE(steps[3].combine);
+}
+
+TEST(WindowSteps, LastScanMergesOnlyBlocksStillToMerge) {
+  const Blocking blocking = two_tensors();
+  // Blocks 10 and 11 were merged before (a resumed run): the last scan merges only block 9,
+  // and blocks the merge needs but no scan holds (none here) would come in parts after it.
+  std::vector<std::uint32_t> to_merge = blocks(0, 10);
+  const auto steps = window_steps(blocks(0, 12), to_merge, footprint_of(blocking), 1200, true);
+  ASSERT_EQ(steps.size(), 4u + 3u);
+  EXPECT_EQ(steps[3].to_merge, std::vector<std::uint32_t>{9});
+  std::vector<std::uint32_t> merged = concat(steps, false);
+  std::sort(merged.begin(), merged.end());
+  EXPECT_EQ(merged, to_merge);
 }
 
 TEST(WindowSteps, WithoutScansTheFirstMergeCombines) {

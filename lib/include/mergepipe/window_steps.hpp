@@ -5,9 +5,10 @@
 // after the ranks have combined the window's sketches. A share larger than that (an embedding
 // matrix: 21 x 311 MB for K = 20 Qwen3-0.6B, 3.3 GB per rank at 2 ranks) is cut into parts that
 // fit, each read with O_DIRECT twice: for the scan, and again for the merge once the tensor's
-// thresholds are known. The alternative, reading it through the page cache and then again from
-// the cache, took 12 of the 22.7 s of a cold K = 20 full-read TIES on the test VM, whose page
-// cache path is several times slower than O_DIRECT.
+// thresholds are known (all but the last part scanned, merged while still in memory). The
+// alternative, reading it through the page cache and then again from the cache, took 12 of the
+// 22.7 s of a cold K = 20 full-read TIES on the test VM, whose page cache path is several times
+// slower than O_DIRECT.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -43,8 +44,10 @@ using BlocksFootprint = std::function<std::uint64_t(std::span<const std::uint32_
 
 // Steps of one share: to_scan and to_merge ascending. Not `hold`: one step, read from wherever
 // the reader reads. Otherwise one held step when the blocks of both lists fit in `limit` x 5/4,
-// else held parts of at most `limit` bytes (at least one block each): the scan's parts, then
-// the merge's. Never empty: a share with nothing to do is one step that only combines.
+// else held parts of at most `limit` bytes (at least one block each, cut from the end so the
+// last part is a full one): the scan's parts, the last of which also merges its blocks once the
+// sketches are combined (it is still in memory), then the merge's parts of the other blocks.
+// Never empty: a share with nothing to do is one step that only combines.
 std::vector<WindowStep> window_steps(const std::vector<std::uint32_t>& to_scan,
                                      const std::vector<std::uint32_t>& to_merge,
                                      const BlocksFootprint& footprint, std::uint64_t limit,
