@@ -15,7 +15,8 @@ ratio reported comes from measurements taken side by side.
 
 Suites: headline, k (expert I/O and wall time vs K), budget (wall time and deviation vs budget,
 for linear, ties and dare_ties), ranks (1 and 2 ranks, threads), warm (compute-bound throughput
-at 1 and 2 ranks, output on tmpfs), rss (peak RSS per rank for two presets).
+at 1 and 2 ranks, output on tmpfs), rss (peak RSS per rank for two presets), device (whether
+the disk reads and writes at once or in turn, which the bound assumes).
 Output: one CSV row per run (--csv), a summary printed as markdown, and PNG plots (--plots).
 """
 import argparse
@@ -167,6 +168,17 @@ class Bench:
             os.fsync(f.fileno())
         buffered_s = time.monotonic() - t0
         os.remove(path)
+        direct_bytes, direct_s = self.direct_write(nbytes)
+        log(f"   write {nbytes / 1e9:.2f} GB: buffered+fsync {nbytes / buffered_s / 1e9:.2f} GB/s, "
+            f"direct {direct_bytes / direct_s / 1e9:.2f} GB/s")
+        return max(nbytes / buffered_s, direct_bytes / direct_s)
+
+    def direct_write(self, nbytes, name="write-probe.bin"):
+        """Writes a new file of about `nbytes` with O_DIRECT in 16 MiB writes from 2 threads and
+        fsyncs it (how the merges write their shards); returns (bytes, seconds)."""
+        path = os.path.join(self.a.dir, name)
+        step = 16 << 20
+        block = b"\x5a" * step
         chunks = (nbytes + step - 1) // step
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
         try:
@@ -182,14 +194,18 @@ class Bench:
             for t in threads:
                 t.join()
             os.fsync(fd)
-            direct_s = time.monotonic() - t0
+            seconds = time.monotonic() - t0
         finally:
             os.close(fd)
             os.remove(path)
-        direct_bytes = chunks * step
-        log(f"   write {nbytes / 1e9:.2f} GB: buffered+fsync {nbytes / buffered_s / 1e9:.2f} GB/s, "
-            f"direct {direct_bytes / direct_s / 1e9:.2f} GB/s")
-        return max(nbytes / buffered_s, direct_bytes / direct_s)
+        return chunks * step, seconds
+
+    def direct_read(self, files):
+        """Seconds to read `files` (evicted first) with O_DIRECT on 4 threads."""
+        self.evict(*files)
+        out = self.run([self.reader, "--threads", "4", "--direct", *files], capture_output=True,
+                       text=True)
+        return json.loads(out.stdout)["seconds"]
 
     def merge(self, fam, cat, cfg, out, budget=None, ranks=2, threads=0, extra=()):
         shutil.rmtree(out, ignore_errors=True)
@@ -341,6 +357,45 @@ class Bench:
                         f"{moved / m['timings']['merge'] / 1e9:.2f} GB/s")
         shutil.rmtree(shm, ignore_errors=True)
 
+    def suite_device(self):
+        """Whether this disk reads and writes at once or in turn: a cold direct read of the base
+        and two experts, a direct write of an output-sized file, then both together. The bound
+        (reads / read bandwidth + output / write bandwidth) assumes they take turns, i.e. that
+        the pair together takes the sum of the two alone; if the device did both at once it
+        would take the longer of the two, and the bound would be too loose."""
+        fam, _ = self.family(self.a.preset, self.a.family_experts)
+        files = self.input_files(fam, 2)
+        read_bytes = sum(os.path.getsize(f) for f in files)
+        out_bytes = os.path.getsize(files[0])  # an output is the size of a checkpoint
+        for rep in range(self.a.reps):
+            os.sync()
+            read_s = self.direct_read(files)
+            os.sync()
+            written, write_s = self.direct_write(out_bytes)
+            self.evict(*files)
+            os.sync()
+            done = {}
+
+            def write_now():
+                done["write"] = self.direct_write(out_bytes, "write-probe-concurrent.bin")[1]
+            t0 = time.monotonic()
+            writer = threading.Thread(target=write_now)
+            writer.start()
+            both_read = self.direct_read(files)
+            writer.join()
+            both = time.monotonic() - t0
+            for config, wall, moved in (("read alone", read_s, read_bytes),
+                                        ("write alone", write_s, written),
+                                        ("read + write together", both, read_bytes + written),
+                                        ("read, while writing", both_read, read_bytes),
+                                        ("write, while reading", done["write"], written)):
+                self.record(suite="device", preset=self.a.preset, experts=2, config=config, rep=rep,
+                            wall_s=round(wall, 3), bytes_moved=moved,
+                            throughput_bps=round(moved / wall))
+            log(f"   device: read {read_bytes / 1e9:.2f} GB {read_s:.2f} s, write "
+                f"{written / 1e9:.2f} GB {write_s:.2f} s, together {both:.2f} s "
+                f"(sum {read_s + write_s:.2f}, longer {max(read_s, write_s):.2f})")
+
     def suite_rss(self):
         """Peak RSS per rank does not grow with model size: the same K and block size for the
         main preset and for Llama-3.1-8B shapes (2 layers: 1 GiB embedding tensors)."""
@@ -364,26 +419,47 @@ class Bench:
 
         cols = ("suite", "preset", "experts", "method", "config", "ranks", "threads")
         keys = []
+        device = [r for r in self.rows if r["suite"] == "device"]
         for r in self.rows:
+            if r["suite"] == "device":
+                continue
             key = tuple(r[c] for c in cols)
             if key not in keys:
                 keys.append(key)
         # "at the bounds": the full read's bound over this run's, the speedup both runs would show
         # at their I/O bounds (reads and writes at the probes' bandwidths).
-        print("\n| suite | preset | K | method | config | ranks x threads | reps | wall s | expert GB "
-              "| moved GB | bound s | wall / bound | speedup vs full read | speedup at the bounds "
-              "| peak RSS MiB | plan % | rel. deviation |")
-        print("|" + " --- |" * 17)
-        for key in keys:
-            sel = [r for r in self.rows if tuple(r[c] for c in cols) == key]
-            wall, plan = med(sel, "wall_s"), med(sel, "plan_s")
-            print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {key[5]}x{key[6]} | "
-                  f"{len(sel)} | {fmt(wall, '.2f')} | {fmt(med(sel, 'expert_bytes'), '.2f', 1e9)} | "
-                  f"{fmt(med(sel, 'bytes_moved'), '.2f', 1e9)} | {fmt(med(sel, 'bound_s'), '.2f')} | "
-                  f"{fmt(med(sel, 'ratio'), '.2f')} | {fmt(med(sel, 'speedup_vs_full'), '.2f', 1, 'x')} | "
-                  f"{fmt(at_bounds(sel), '.2f', 1, 'x')} | {fmt(med(sel, 'peak_rss_bytes'), '.0f', 2**20)} | "
-                  f"{fmt(None if plan is None else 100 * plan / wall, '.3f')} | "
-                  f"{fmt(med(sel, 'deviation_rel_l2'), '.2e')} |")
+        if keys:
+            print("\n| suite | preset | K | method | config | ranks x threads | reps | wall s | expert GB "
+                  "| moved GB | bound s | wall / bound | speedup vs full read | speedup at the bounds "
+                  "| peak RSS MiB | plan % | rel. deviation |")
+            print("|" + " --- |" * 17)
+            for key in keys:
+                sel = [r for r in self.rows if tuple(r[c] for c in cols) == key]
+                wall, plan = med(sel, "wall_s"), med(sel, "plan_s")
+                print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {key[5]}x{key[6]} | "
+                      f"{len(sel)} | {fmt(wall, '.2f')} | {fmt(med(sel, 'expert_bytes'), '.2f', 1e9)} | "
+                      f"{fmt(med(sel, 'bytes_moved'), '.2f', 1e9)} | {fmt(med(sel, 'bound_s'), '.2f')} | "
+                      f"{fmt(med(sel, 'ratio'), '.2f')} | {fmt(med(sel, 'speedup_vs_full'), '.2f', 1, 'x')} | "
+                      f"{fmt(at_bounds(sel), '.2f', 1, 'x')} | {fmt(med(sel, 'peak_rss_bytes'), '.0f', 2**20)} | "
+                      f"{fmt(None if plan is None else 100 * plan / wall, '.3f')} | "
+                      f"{fmt(med(sel, 'deviation_rel_l2'), '.2e')} |")
+
+        if device:
+            # Medians of each probe; "together / sum" near 1: reads and writes take turns.
+            def probe(config):
+                return med([r for r in device if r["config"] == config], "wall_s")
+            read_s, write_s = probe("read alone"), probe("write alone")
+            both = probe("read + write together")
+            print("\n| probe | reps | GB | s | GB/s |")
+            print("|" + " --- |" * 5)
+            for config in ("read alone", "write alone", "read + write together",
+                           "read, while writing", "write, while reading"):
+                sel = [r for r in device if r["config"] == config]
+                print(f"| {config} | {len(sel)} | {fmt(med(sel, 'bytes_moved'), '.2f', 1e9)} | "
+                      f"{fmt(med(sel, 'wall_s'), '.2f')} | {fmt(med(sel, 'throughput_bps'), '.2f', 1e9)} |")
+            print(f"\nTogether {both:.2f} s against {read_s + write_s:.2f} s for the two alone in turn "
+                  f"(together / sum {both / (read_s + write_s):.2f}) and {max(read_s, write_s):.2f} s "
+                  f"for the longer alone (together / longer {both / max(read_s, write_s):.2f}).")
 
         if self.catalogs:
             print("\n| family | K | family GB | catalog MB | catalog / family | catalog build s (2 ranks, cold) |")
@@ -486,7 +562,7 @@ plot '{p}' u 3:xtic(sprintf('%s %s', stringcolumn(1), stringcolumn(2)))""")
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", default="headline", help="comma-separated: headline,k,budget,ranks,"
-                   "warm,rss or all")
+                   "warm,rss,device or all")
     p.add_argument("--preset", default="qwen3-0.6b")
     p.add_argument("--warm-experts", type=int, default=8,
                    help="K of the warm suite (its inputs must fit in the page cache)")
@@ -512,7 +588,7 @@ def main():
     if a.quick:
         a.family_experts, a.k_values, a.reps = 4, "2,4", 1
     a.k_values = [int(x) for x in a.k_values.split(",")]
-    suites = ["headline", "k", "budget", "ranks", "warm", "rss"] if a.suite == "all" \
+    suites = ["headline", "k", "budget", "ranks", "warm", "rss", "device"] if a.suite == "all" \
         else a.suite.split(",")
     b = Bench(a)
     if a.quick:
