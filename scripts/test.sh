@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds, and runs the whole test suite through CTest: the release build,
 # then the ASan+UBSan build (all but Slurm.cluster; skip it with MERGEPIPE_SKIP_ASAN=1), then
-# each libFuzzer target for MERGEPIPE_FUZZ_SECONDS (default 20; 0 skips fuzzing).
+# each libFuzzer target for MERGEPIPE_FUZZ_SECONDS (default 10; 0 skips fuzzing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -19,7 +19,7 @@ if [[ "${MERGEPIPE_SKIP_ASAN:-0}" != 1 ]]; then
   ctest --preset asan -j "$jobs" --timeout 1800 -E '^Slurm\.cluster$'
 fi
 
-fuzz_seconds="${MERGEPIPE_FUZZ_SECONDS:-20}"
+fuzz_seconds="${MERGEPIPE_FUZZ_SECONDS:-10}"
 if ((fuzz_seconds > 0)); then
   scripts/fuzz.sh "$fuzz_seconds"
 fi
