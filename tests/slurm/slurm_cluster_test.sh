@@ -52,6 +52,15 @@ mkdir -p logs
 write_config ties.yaml ties fam 3
 export MERGEPIPE
 
+# wait_for_job ID WHAT: until job ID has left the queue (squeue lists pending, running and
+# completing jobs), polled every 0.2 s, within the test's deadline.
+wait_for_job() {
+  until [[ -z "$(squeue -h -j "$1" -o %T 2>/dev/null)" ]]; do
+    ((SECONDS < deadline)) || fail "$2 did not finish before the test's deadline"
+    sleep 0.2
+  done
+}
+
 # submit NAME SCRIPT [sbatch options...]: submits the job and waits for it; its exit code in
 # $job_rc, its id in $job_id, its log in logs/NAME.out. Polled every 0.2 s: `sbatch --wait` polls
 # at 2, 4, ... up to 10 s, which cost seconds per job of a few hundred milliseconds.
@@ -61,10 +70,7 @@ submit() {
   sbatch --parsable --output="$PWD/logs/$name.out" "$@" "$SLURM_DIR/$script" >"logs/$name.id" ||
     fail "sbatch of job $name failed"
   job_id="$(head -1 "logs/$name.id" | cut -d';' -f1)"
-  until [[ -z "$(squeue -h -j "$job_id" -o %T 2>/dev/null)" ]]; do
-    ((SECONDS < deadline)) || fail "job $name did not finish before the test's deadline"
-    sleep 0.2
-  done
+  wait_for_job "$job_id" "job $name"
   job_rc="$(scontrol show job "$job_id" | grep -o -m1 'ExitCode=[0-9]*' | cut -d= -f2)"
   [[ -n "$job_rc" ]] || fail "no exit code for job $name ($job_id)"
 }
@@ -120,11 +126,7 @@ log_has bad-budget "mergepipe: error:"
 # published, so it only verifies it, appending to the same log.
 scontrol requeue "$merge_job"
 scontrol update jobid="$merge_job" StartTime=now # requeued jobs otherwise wait ~2 minutes
-for ((i = 0; i < 120; i++)); do
-  [[ -z "$(squeue -h -j "$merge_job" -o %T 2>/dev/null)" ]] && break
-  sleep 0.5
-done
-[[ -z "$(squeue -h -j "$merge_job" -o %T 2>/dev/null)" ]] || fail "requeued job $job_id did not finish"
+wait_for_job "$merge_job" "requeued job $merge_job"
 scontrol show job "$merge_job" | grep -q 'ExitCode=0:0' || fail "requeued job failed: $(scontrol show job "$merge_job" | grep -o 'ExitCode=[^ ]*')"
 log_has merge "restart 1"
 log_has merge "already published by an earlier attempt; verifying it"
