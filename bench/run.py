@@ -420,9 +420,8 @@ class Bench:
         cols = ("suite", "preset", "experts", "method", "config", "ranks", "threads")
         keys = []
         device = [r for r in self.rows if r["suite"] == "device"]
-        for r in self.rows:
-            if r["suite"] == "device":
-                continue
+        merges = [r for r in self.rows if r["suite"] != "device"]  # device rows have no method
+        for r in merges:
             key = tuple(r[c] for c in cols)
             if key not in keys:
                 keys.append(key)
@@ -434,7 +433,7 @@ class Bench:
                   "| peak RSS MiB | plan % | rel. deviation |")
             print("|" + " --- |" * 17)
             for key in keys:
-                sel = [r for r in self.rows if tuple(r[c] for c in cols) == key]
+                sel = [r for r in merges if tuple(r[c] for c in cols) == key]
                 wall, plan = med(sel, "wall_s"), med(sel, "plan_s")
                 print(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {key[4]} | {key[5]}x{key[6]} | "
                       f"{len(sel)} | {fmt(wall, '.2f')} | {fmt(med(sel, 'expert_bytes'), '.2f', 1e9)} | "
@@ -491,7 +490,7 @@ class Bench:
         k_rows = [r for r in self.rows if r["suite"] == "k"]
         if k_rows:
             lines = []
-            for k in sorted({r["experts"] for r in k_rows}):
+            for k in sorted({r["experts"] for r in k_rows}, key=int):  # strings from --report
                 cell = lambda m, c: [r for r in k_rows if r["experts"] == k and r["method"] == m
                                      and r["config"] == c]
                 lines.append(" ".join(str(x) for x in (
@@ -544,13 +543,14 @@ unset logscale y; unset title""")
                                and int(r["ranks"]) == cfg[0] and int(r["threads"]) == cfg[1]
                                and r["config"] != "full-read"]
                         if sel:
-                            lines.append(f"\"{suite} {method}\" {cfg[0]}x{cfg[1]} "
+                            what = "cold 10%" if suite == "ranks" else "warm"
+                            lines.append(f"\"{what} {method}\" {cfg[0]}x{cfg[1]} "
                                          f"{med(sel, 'throughput_bps') / 1e9}")
             p = dat("scaling.dat", "case ranks_x_threads GB/s", lines)
             scripts.append(f"""
 set output '{self.a.plots}/scaling.png'; set title 'Throughput (bytes moved / s) by ranks x threads'
 set style data histogram; set style histogram cluster gap 1; set style fill solid 0.7; set ylabel 'GB/s'
-set xtics rotate by -20; set key off
+set xtics rotate by -20; set key off; set xlabel 'merge, ranks x threads'; set yrange [0:*]
 plot '{p}' u 3:xtic(sprintf('%s %s', stringcolumn(1), stringcolumn(2)))""")
         script = "set terminal pngcairo size 1200,480 font ',10'\nset grid\n" + "\n".join(scripts)
         path = os.path.join(data, "plots.gp")
