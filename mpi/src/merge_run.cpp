@@ -45,7 +45,7 @@ using Clock = std::chrono::steady_clock;
 // I/O threads share a window's ranges.
 constexpr std::uint64_t kHeldRequestBytes = std::uint64_t{8} << 20;
 // Largest request of a budgeted merge's expert piece (measured with --expert-piece-size 64MiB,
-// K = 20 TIES 10%: see docs/benchmarks.md).
+// K = 20 TIES 10%: see docs/benchmark-history.md).
 constexpr std::uint64_t kPieceRequestBytes = std::uint64_t{4} << 20;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
