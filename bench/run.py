@@ -443,6 +443,45 @@ class Bench:
                       f"{fmt(None if plan is None else 100 * plan / wall, '.3f')} | "
                       f"{fmt(med(sel, 'deviation_rel_l2'), '.2e')} |")
 
+        repeated = [key for key in keys
+                    if sum(1 for r in merges if tuple(r[c] for c in cols) == key) > 1]
+        if repeated:
+            # The medians above hide the spread; on this noisy machine the spread is the finding.
+            print("\nPer repetition:\n")
+            for key in repeated:
+                sel = sorted((r for r in merges if tuple(r[c] for c in cols) == key),
+                             key=lambda r: int(r["rep"]))
+
+                def each(f, spec, suffix=""):
+                    return ", ".join(format(float(r[f]), spec) + suffix for r in sel
+                                     if r.get(f, "") != "")
+                line = f"- {key[0]} {key[1]} K={key[2]} {key[3]} {key[4]} {key[5]}x{key[6]}: " \
+                       f"wall {each('wall_s', '.2f')} s"
+                if any(r.get("ratio", "") != "" for r in sel):
+                    line += f"; wall / bound {each('ratio', '.2f')}"
+                if any(r.get("speedup_vs_full", "") != "" and float(r["speedup_vs_full"]) != 1.0
+                       for r in sel):
+                    line += f"; speedup {each('speedup_vs_full', '.2f', 'x')}"
+                print(line)
+
+        warm = [r for r in merges if r["suite"] == "warm"]
+        if warm:
+            # The SPEC's scaling bar: 2 ranks against 1 on a warm cache, by merge time.
+            print("\n| warm method | reps | 1x1 merge s | 2x1 merge s | 1x2 merge s "
+                  "| 2x1 vs 1x1: ratio of medians | per repetition |")
+            print("|" + " --- |" * 7)
+            for method in sorted({r["method"] for r in warm}):
+                def times(config):
+                    return {int(r["rep"]): float(r["merge_s"]) for r in warm
+                            if r["method"] == method and r["config"] == config}
+                one, two, both = times("1x1"), times("2x1"), times("1x2")
+                per_rep = [one[k] / two[k] for k in sorted(one) if k in two]
+                mid = lambda d: statistics.median(d.values()) if d else None
+                ratio = mid(one) / mid(two) if one and two else None
+                print(f"| {method} | {len(per_rep)} | {fmt(mid(one), '.2f')} | {fmt(mid(two), '.2f')} | "
+                      f"{fmt(mid(both), '.2f')} | {fmt(ratio, '.2f', 1, 'x')} | "
+                      f"{', '.join(f'{x:.2f}x' for x in per_rep) or '-'} |")
+
         if device:
             # Medians of each probe; "together / sum" near 1: reads and writes take turns.
             def probe(config):
