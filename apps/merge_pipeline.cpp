@@ -89,9 +89,10 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
   desc.add_options()("threads", po::value(&options.threads)->default_value(0),
                      "compute threads per rank (0: the CPUs the rank is bound to, else the node's "
                      "CPUs divided by its ranks)")(
-      "io-threads", po::value(&options.io_threads)->default_value(8), "concurrent reads per rank")(
-      "prefetch", po::value(&options.prefetch_depth)->default_value(0),
-      "slices read ahead per rank (0: 8 for a budgeted merge, 2 for --full-read)")(
+      "io-threads", po::value(&options.io_threads)->default_value(0),
+      "concurrent reads per rank (0: 8, or 1 when every input file is already in the page "
+      "cache)")("prefetch", po::value(&options.prefetch_depth)->default_value(0),
+                "slices read ahead per rank (0: 8 for a budgeted merge, 2 for --full-read)")(
       "read-size", po::value(&text.read_size)->default_value("128KiB"),
       "blocks are merged in slices of this size (and read so when not held in pieces)")(
       "expert-piece-size", po::value(&text.expert_piece_size)->default_value("64MiB"),
@@ -124,8 +125,8 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
 
 void finish_run_options(const RunOptionText& text, PipelineOptions& options,
                         const std::string& command) {
-  if (options.threads < 0 || options.io_threads < 1 || options.prefetch_depth < 0)
-    throw UsageError(command + ": --threads and --prefetch must be >= 0, --io-threads >= 1");
+  if (options.threads < 0 || options.io_threads < 0 || options.prefetch_depth < 0)
+    throw UsageError(command + ": --threads, --io-threads and --prefetch must be >= 0");
   options.mpiio_hints = parse_hints(text.hints);
   options.read_bytes = parse_byte_size(text.read_size, command + ": --read-size");
   if (options.read_bytes < 4096) throw UsageError(command + ": --read-size must be at least 4KiB");
@@ -279,7 +280,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
     record.max_rss_bytes = outcome.run.max_rss_bytes;
     record.lineage_parents = lineage_of(task);
     record.replay_of = options.replay_of;
-    record.extra = {{"io_threads", options.io_threads},
+    record.extra = {{"io_threads", outcome.run.io_threads},
                     {"prefetch_depth", outcome.prefetch_depth},
                     {"schedule", options.schedule == mpi::Schedule::kStatic ? "static" : "dynamic"},
                     {"read_bytes", options.read_bytes},

@@ -19,8 +19,8 @@ namespace mergepipe::app {
 struct PipelineOptions {
   std::string out;
   bool force = false;
-  int threads = 0;  // 0: the node's cores shared by its ranks
-  int io_threads = 8;
+  int threads = 0;         // 0: the node's cores shared by its ranks
+  int io_threads = 0;      // 0: mpi::MergeRunOptions::io_threads says
   int prefetch_depth = 0;  // 0: by the kind of merge (default_prefetch_depth)
   std::uint64_t read_bytes = 128u << 10;
   std::uint64_t expert_piece_bytes = std::uint64_t{64} << 20;  // 0: no pieces

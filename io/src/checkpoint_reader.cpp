@@ -42,6 +42,13 @@ CheckpointBlockReader::Opened CheckpointBlockReader::open(const CheckpointLocati
     const bool direct =
         !sequential && (input_io == InputIo::kDirect || (input_io == InputIo::kAuto && !cached));
     opened.direct.push_back(direct ? File::open_direct(path) : File());
+    if (reads_from_memory_) {
+      try {
+        reads_from_memory_ = !opened.direct.back().is_open() && fully_cached(file);
+      } catch (const IoError&) {
+        reads_from_memory_ = false;
+      }
+    }
   }
   return opened;
 }

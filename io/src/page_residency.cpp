@@ -49,15 +49,17 @@ std::uint64_t cached_bytes(const File& file) {
   return pages * page;
 }
 
-bool mostly_cached(const File& file, int samples) {
+namespace {
+// How many of `samples` pages, the middle page of each of `samples` equal stretches of the
+// file, are in the page cache.
+int resident_samples(const File& file, int samples) {
   const std::uint64_t size = file.size();
-  if (size == 0 || samples < 1) return false;
+  if (size == 0 || samples < 1) return 0;
   const std::uint64_t page = page_size();
   const std::uint64_t pages = (size + page - 1) / page;
   const Mapping mapping(file, static_cast<std::size_t>(size));
   int resident = 0;
   for (int i = 0; i < samples; ++i) {
-    // The middle page of each of `samples` equal stretches of the file.
     const std::uint64_t index =
         (2 * static_cast<std::uint64_t>(i) + 1) * pages / (2 * static_cast<std::uint64_t>(samples));
     unsigned char r = 0;
@@ -65,7 +67,16 @@ bool mostly_cached(const File& file, int samples) {
       throw IoError(file.path() + ": mincore failed: " + std::strerror(errno));
     resident += r & 1;
   }
-  return 2 * resident >= samples;
+  return resident;
+}
+}  // namespace
+
+bool mostly_cached(const File& file, int samples) {
+  return samples >= 1 && 2 * resident_samples(file, samples) >= samples;
+}
+
+bool fully_cached(const File& file, int samples) {
+  return samples >= 1 && resident_samples(file, samples) == samples;
 }
 
 }  // namespace mergepipe::io

@@ -65,6 +65,7 @@ d=m25-direct/mergepipe.manifest.json
 shards=$(ls fam/expert00/*.safetensors | wc -l)
 [[ "$(json_get $d input_io.files)" -eq $((2 * 7 * shards)) ]] || fail "input_io.files $(json_get $d input_io.files) != $((2 * 7 * shards))"
 [[ "$(json_get $d input_io.direct_files)" -eq $((2 * 6 * shards)) ]] || fail "cold experts not read directly: $(json_get $d input_io.direct_files) of $((2 * 6 * shards))"
+[[ "$(json_get $d io_threads)" -eq 8 ]] || fail "cold experts read by $(json_get $d io_threads) readers, not 8"
 [[ "$(json_get $d bytes_read.expert)" -eq "$planned" ]] || fail "direct run read $(json_get $d bytes_read.expert) expert bytes, planned $planned"
 [[ "$(json_get $m outputs.tensor_hashes)" == "$(json_get $d outputs.tensor_hashes)" ]] || fail "direct and buffered reads merged different bytes"
 # Left in the cache: the headers, read through it with the kernel's first read-ahead window
@@ -86,11 +87,17 @@ run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-slices --expert-piec
 s=m25-slices/mergepipe.manifest.json
 [[ "$(json_get $s expert_pieces.pieces)" -eq 0 && "$(json_get $s bytes_read.expert)" -eq "$planned" ]] || fail "--expert-piece-size 0: $(json_get $s expert_pieces.pieces) pieces, $(json_get $s bytes_read.expert) expert bytes"
 [[ "$(json_get $s outputs.tensor_hashes)" == "$(json_get $d outputs.tensor_hashes)" ]] || fail "merging from held pieces changed the output"
-cat $(expert_files) >/dev/null
+# Every input in the cache: one reader (copies from memory), unless asked for more.
+cat $(expert_files) fam/base/*.safetensors >/dev/null
 run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-warm --quiet
 [[ "$(json_get m25-warm/mergepipe.manifest.json input_io.direct_files)" -eq 0 ]] || fail "auto read cached experts with O_DIRECT"
+[[ "$(json_get m25-warm/mergepipe.manifest.json io_threads)" -eq 1 ]] || fail "cached inputs read by $(json_get m25-warm/mergepipe.manifest.json io_threads) readers, not 1"
+[[ "$(json_get m25-warm/mergepipe.manifest.json outputs.tensor_hashes)" == "$(json_get $d outputs.tensor_hashes)" ]] || fail "one reader merged other bytes"
+run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-warm4 --io-threads 4 --quiet
+[[ "$(json_get m25-warm4/mergepipe.manifest.json io_threads)" -eq 4 ]] || fail "--io-threads 4 not used"
 run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-forced --input-io direct --quiet
 [[ "$(json_get m25-forced/mergepipe.manifest.json input_io.direct_files)" -eq $((2 * 6 * shards)) ]] || fail "--input-io direct did not read the experts directly"
+[[ "$(json_get m25-forced/mergepipe.manifest.json io_threads)" -eq 8 ]] || fail "--input-io direct: $(json_get m25-forced/mergepipe.manifest.json io_threads) readers, not 8"
 
 # A budgeted merge's output shards have their whole pages written with O_DIRECT by default
 # (--output-io auto; the partial pages at each block's ends go through the cache): the same file

@@ -20,6 +20,8 @@ expect_exit 2 "--expert-piece-size '10%' must be a size" "$MERGEPIPE" merge c.ya
 expect_no_output o3
 expect_exit 2 "--schedule must be dynamic or static" "$MERGEPIPE" merge c.yaml --catalog cat --schedule random --out o3
 expect_no_output o3
+expect_exit 2 "--threads, --io-threads and --prefetch must be >= 0" "$MERGEPIPE" merge c.yaml --catalog cat --io-threads=-1 --out o3
+expect_no_output o3
 printf 'merge_method: linear\nbase_model: fam/base\nmodels: [fam/expert00]\nbogus_key: 1\n' >bad.yaml
 expect_exit 2 "bogus_key" run_np 2 merge bad.yaml --catalog cat --out o4
 expect_no_output o4

@@ -219,6 +219,7 @@ TEST(MPI, MergeOutputIsIndependentOfRankCount) {
   options.output_dir = out2;
   options.threads = 1;
   options.prefetch_depth = 5;
+  options.io_threads = 3;  // cached files take one reader by default: keep several in flight
   options.input_io = io::InputIo::kBuffered;  // expert slices read as they merge: no pieces
   const mpi::MergeRunResult again = mpi::run_merge(comm, task, options);
   // And with pieces so small that some blocks are read alone, unheld, between held pieces.
@@ -226,9 +227,26 @@ TEST(MPI, MergeOutputIsIndependentOfRankCount) {
   if (comm.is_root()) fs::create_directories(out3);
   comm.barrier("mkdir");
   options.output_dir = out3;
+  options.io_threads = 0;
   options.input_io = io::InputIo::kDirect;
   options.expert_piece_bytes = 1000;
   const mpi::MergeRunResult small = mpi::run_merge(comm, task, options);
+  // And from the page cache with the default readers: one, where every file is cached.
+  const std::string out4 = dir + "/out4-np" + std::to_string(comm.size());
+  if (comm.is_root()) fs::create_directories(out4);
+  comm.barrier("mkdir");
+  bool root_reads_from_memory = false;
+  if (comm.is_root()) {
+    io::ByteCounters probe_counters;
+    root_reads_from_memory =
+        io::CheckpointBlockReader(task.base, task.experts, probe_counters,
+                                  io::CheckpointBlockReader::ExpertAccess::kExactRanges,
+                                  io::InputIo::kBuffered)
+            .reads_from_memory();
+  }
+  options.output_dir = out4;
+  options.input_io = io::InputIo::kBuffered;
+  const mpi::MergeRunResult cached = mpi::run_merge(comm, task, options);
 
   int ok = 1;
   std::string digest;
@@ -236,8 +254,17 @@ TEST(MPI, MergeOutputIsIndependentOfRankCount) {
     digest = output_digest(out);
     ok &= digest == output_digest(out2);
     ok &= digest == output_digest(out3);
+    ok &= digest == output_digest(out4);
     ok &= result.tensor_hashes == again.tensor_hashes;
     ok &= result.tensor_hashes == small.tensor_hashes;
+    ok &= result.tensor_hashes == cached.tensor_hashes;
+    // Readers: the device's number for files read with O_DIRECT, the number asked for, and
+    // one for files read from the page cache.
+    // (A file system that refuses O_DIRECT reads them from the cache too.)
+    ok &= result.input_files_direct == 0 || result.io_threads == mpi::kDeviceIoThreads;
+    ok &= small.input_files_direct == 0 || small.io_threads == mpi::kDeviceIoThreads;
+    ok &= again.io_threads == 3;
+    ok &= cached.io_threads == (root_reads_from_memory ? 1 : mpi::kDeviceIoThreads);
     // Held: every chunk one piece (64 MiB is more than the family); plain: no pieces; small:
     // both kinds.
     ok &= result.held_pieces > 0 && result.held_pieces == result.expert_pieces;

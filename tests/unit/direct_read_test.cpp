@@ -170,6 +170,7 @@ TEST(DirectRead, CachedBytesOfAnEmptyFileIsZero) {
   test::write_file(dir.file("empty"), "");
   EXPECT_EQ(cached_bytes(File(dir.file("empty"), File::Mode::kRead)), 0u);
   EXPECT_FALSE(mostly_cached(File(dir.file("empty"), File::Mode::kRead)));
+  EXPECT_FALSE(fully_cached(File(dir.file("empty"), File::Mode::kRead)));
 }
 
 TEST(DirectRead, MostlyCachedSamplesTheWholeFile) {
@@ -185,9 +186,66 @@ TEST(DirectRead, MostlyCachedSamplesTheWholeFile) {
   EXPECT_FALSE(mostly_cached(file));
   file.read_at(96 * 4096, std::span(out).subspan(0, 64 * 4096));  // now 62.5%
   EXPECT_TRUE(mostly_cached(file));
+  EXPECT_FALSE(fully_cached(file));
+  // All but the last two pages (page 254 is the last stretch's sample).
+  file.read_at(160 * 4096, std::span(out).subspan(0, 94 * 4096));
+  EXPECT_FALSE(fully_cached(file));
   file.read_at(0, out);
   EXPECT_TRUE(mostly_cached(file));
+  EXPECT_TRUE(fully_cached(file));
   EXPECT_EQ(cached_bytes(file), bytes.size());
+}
+
+// --io-threads auto takes one reader only when every shard will be read from memory: each
+// shard read through the page cache and all in it. One cold shard, or one read with O_DIRECT,
+// and the device needs its queue of readers.
+TEST(DirectRead, ReadsFromMemoryOnlyWhenEveryShardIsCachedAndBuffered) {
+  test::TempDir dir;
+  const std::string bytes = pattern(64 * 4096);
+  test::write_file(dir.file("base.bin"), bytes);
+  test::write_file(dir.file("expert.bin"), bytes);
+  auto location = [&](const std::string& name) {
+    CheckpointLocation loc;
+    loc.dir = dir.path();
+    loc.shard_names = {name};
+    loc.files = {stat_identity(dir.file(name))};
+    loc.tensor_file = {0};
+    loc.tensor_offset = {0};
+    return loc;
+  };
+  const CheckpointLocation base = location("base.bin");
+  const std::vector<CheckpointLocation> experts = {location("expert.bin")};
+  auto read_whole = [](const std::string& path) {
+    File f(path, File::Mode::kRead);
+    std::vector<std::byte> out(f.size());
+    f.read_at(0, out);
+  };
+  read_whole(dir.file("base.bin"));
+  read_whole(dir.file("expert.bin"));
+  ByteCounters counters;
+  if (!fully_cached(File(dir.file("expert.bin"), File::Mode::kRead)))
+    GTEST_SKIP() << "pages just read are not reported cached here";
+  using Access = CheckpointBlockReader::ExpertAccess;
+  EXPECT_TRUE(CheckpointBlockReader(base, experts, counters, Access::kExactRanges, InputIo::kAuto)
+                  .reads_from_memory());
+  EXPECT_TRUE(
+      CheckpointBlockReader(base, experts, counters, Access::kWholeFiles, InputIo::kBuffered)
+          .reads_from_memory());
+  const CheckpointBlockReader forced(base, experts, counters, Access::kExactRanges,
+                                     InputIo::kDirect);
+  EXPECT_EQ(forced.reads_from_memory(), forced.direct_files() == 0);
+
+  {
+    File expert(dir.file("expert.bin"), File::Mode::kRead);
+    expert.sync();
+    expert.drop_cache();
+    if (cached_bytes(expert) != 0) GTEST_SKIP() << "this file system keeps files in memory";
+  }
+  EXPECT_FALSE(CheckpointBlockReader(base, experts, counters, Access::kExactRanges, InputIo::kAuto)
+                   .reads_from_memory());
+  EXPECT_FALSE(
+      CheckpointBlockReader(base, experts, counters, Access::kWholeFiles, InputIo::kBuffered)
+          .reads_from_memory());
 }
 
 }  // namespace

@@ -35,6 +35,9 @@ class CheckpointBlockReader : public BlockReader {
   // Shards read with O_DIRECT (the others go through the page cache).
   std::size_t direct_files() const;
   std::size_t total_files() const;
+  // Whether every shard is read through the page cache and was all there when opened (sampled):
+  // each read is then a copy from memory.
+  bool reads_from_memory() const noexcept { return reads_from_memory_; }
   void read(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
             std::span<std::byte> dst) override;
   void prefetch(SourceId source, std::uint32_t tensor, std::uint64_t byte_begin,
@@ -57,6 +60,7 @@ class CheckpointBlockReader : public BlockReader {
   std::pair<std::uint32_t, std::uint64_t> locate(const Opened& o, std::uint32_t tensor,
                                                  std::uint64_t byte_begin) const;
 
+  bool reads_from_memory_ = true;  // cleared by open() at the first shard that is not
   Opened base_;
   std::vector<Opened> experts_;
   ByteCounters& counters_;

@@ -17,4 +17,8 @@ std::uint64_t cached_bytes(const File& file);
 // lookups instead of one per page).
 bool mostly_cached(const File& file, int samples = 64);
 
+// Whether every one of `samples` pages spread evenly over the file is in the page cache: reads
+// of it will be copies from memory (the test that picks one reader thread, --io-threads auto).
+bool fully_cached(const File& file, int samples = 64);
+
 }  // namespace mergepipe::io

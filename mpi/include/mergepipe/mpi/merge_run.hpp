@@ -38,10 +38,16 @@ enum class VerifyReads { kOff, kFirstPerFile, kAll };
 // fixed contiguous range per rank (which rank reads which bytes does not depend on timing).
 enum class Schedule { kDynamic, kStatic };
 
+// Reads in flight per rank that keep a device (or a parallel file system) busy.
+inline constexpr int kDeviceIoThreads = 8;
+
 struct MergeRunOptions {
   std::string output_dir;  // an existing (staging) folder; tensor files are written inside it
   int threads = 1;
-  int io_threads = 8;
+  // Reads in flight per rank; 0: kDeviceIoThreads, or one when every input file is already in
+  // the page cache (each read is then a copy from memory; more readers only add thread
+  // hand-offs). Pieces and windows read ahead into memory use kDeviceIoThreads then.
+  int io_threads = 0;
   int prefetch_depth = 2;
   std::uint64_t read_bytes = 128u << 10;  // slice of a block read and merged at a time
   bool allow_nonfinite = false;
@@ -88,6 +94,7 @@ struct MergeRunResult {
   std::uint64_t input_files = 0;         // input shards opened, summed over ranks
   std::uint64_t input_files_direct = 0;  // of which read with O_DIRECT
   io::OutputIo output_io = io::OutputIo::kBuffered;  // how the shards were written (never kAuto)
+  int io_threads = 0;  // rank 0's reads in flight per stream (MergeRunOptions::io_threads resolved)
   std::uint64_t output_bytes_direct = 0;  // output bytes written with O_DIRECT, summed over ranks
   // Full-read TIES: scan-then-merge windows, rank shares of them held in memory (summed over
   // ranks) and the input bytes read into those.
