@@ -8,8 +8,13 @@ alternately so the machine's drift hits both alike. Standard library only.
   bench/ab.py ... --ranks 1 --a build/bin/mergepipe --b build/bin/mergepipe \
       --b-mpirun-args "--bind-to none"
 
+  bench/ab.py ... --budget 100% --warm --ranks 1 --a build/bin/mergepipe --a-args \
+      "--io-threads 8" --b build/bin/mergepipe --reps 4
+
 Needs the family's catalog at FAM.catalog (bench/run.py makes both). Prints one line per run and
-the medians; --budget full runs --full-read.
+the medians of the wall and merge times; --budget full runs --full-read. --warm: the inputs are
+read into the page cache before each run instead of evicted, and the output goes to tmpfs
+(/dev/shm), as in run.py's warm suite: compute-bound runs, compared by their merge time.
 """
 import argparse
 import json
@@ -41,6 +46,8 @@ def main():
     p.add_argument("--a-mpirun-args", default="", help="mpirun options of A, e.g. '--bind-to none'")
     p.add_argument("--b-mpirun-args", default="", help="mpirun options of B")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--warm", action="store_true",
+                   help="inputs in the page cache, output on tmpfs (instead of cold, on disk)")
     p.add_argument("--reader", default=os.path.join(ROOT, "build", "bin", "read_files"))
     a = p.parse_args()
     fam = os.path.abspath(a.family)
@@ -49,13 +56,20 @@ def main():
         f.write(f"merge_method: {a.method}\nbase_model: {fam}/base\nmodels:\n")
         for i in range(a.experts):
             f.write(f"  - {{model: {fam}/expert{i:02d}, parameters: {{weight: 1.0, density: 0.5}}}}\n")
-    out = os.path.join(os.path.dirname(fam), "ab-out")
+    out = "/dev/shm/mergepipe-ab-out" if a.warm else os.path.join(os.path.dirname(fam), "ab-out")
+    inputs = [os.path.join(fam, d, n) for d in ["base"] + [f"expert{i:02d}" for i in range(a.experts)]
+              for n in sorted(os.listdir(os.path.join(fam, d))) if n.endswith(".safetensors")]
     walls = {"A": [], "B": []}
+    merges = {"A": [], "B": []}
     for rep in range(a.reps):
         runs = (("A", a.a, a.a_args, a.a_mpirun_args), ("B", a.b, a.b_args, a.b_mpirun_args))
         for name, exe, extra, launch in runs if rep % 2 == 0 else runs[::-1]:
             shutil.rmtree(out, ignore_errors=True)
-            subprocess.run([a.reader, "--evict", fam, fam + ".catalog"], check=True)
+            if a.warm:
+                with open(os.devnull, "wb") as null:
+                    subprocess.run(["cat", *inputs], stdout=null, check=True)
+            else:
+                subprocess.run([a.reader, "--evict", fam, fam + ".catalog"], check=True)
             cmd = ["mpirun", "-np", str(a.ranks), *launch.split(), exe, "merge", cfg,
                    "--out", out, "--quiet",
                    *extra.split()]
@@ -71,6 +85,7 @@ def main():
             ahead = m.get("base_read_ahead", {}).get("bytes", 0)
             ahead_wait = m.get("base_read_ahead", {}).get("wait_seconds", 0)
             walls[name].append(wall)
+            merges[name].append(t["merge"])
             print(f"rep {rep} {name}: {wall:.2f} s  (catalog {t.get('catalog_load', 0):.2f}, merge {t['merge']:.2f}, read_wait "
                   f"{t['read_wait']:.2f}, compute {t['compute']:.2f}, write {t['write']:.2f}, sync "
                   f"{t['output_sync']:.2f}, base read ahead {ahead / 1e9:.2f} GB, waited for "
@@ -79,6 +94,8 @@ def main():
     shutil.rmtree(out, ignore_errors=True)
     ma, mb = statistics.median(walls["A"]), statistics.median(walls["B"])
     print(f"median A {ma:.2f} s, B {mb:.2f} s, B/A {mb / ma:.3f}")
+    ma, mb = statistics.median(merges["A"]), statistics.median(merges["B"])
+    print(f"merge phase: median A {ma:.2f} s, B {mb:.2f} s, B/A {mb / ma:.3f}")
 
 
 if __name__ == "__main__":
