@@ -351,10 +351,11 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   // Reads in flight. A device needs a queue of them. When every input is already in the page
   // cache, each is a copy from memory, and more readers only cost thread hand-offs (on the
   // 2-core VM, a warm K = 8 merge on 1 rank switched threads 80,000 times at eight readers,
-  // 12,000 at one). Measured there, warm merge time at eight readers -> one (medians of 4): linear
-  // 2.35 -> 1.95 s at 1 rank, 1.35 -> 1.15 s at 2, 2.40 -> 1.74 s at 1 rank x 2 threads; TIES
-  // 2.74 -> 2.70, 1.71 -> 1.47 and 2.71 -> 1.81 s. The readers filling held windows and
-  // pieces issue large requests, a few hand-offs each: they keep the device's number.
+  // 12,000 at one). Measured there, warm K = 8 merge time at eight readers -> one (medians of
+  // 4, free page reporting off): linear 2.24 -> 1.86 s at 1 rank, 1.24 -> 1.09 s at 2, 2.41 ->
+  // 1.67 s at 1 rank x 2 threads; TIES 2.48 -> 2.15, 1.47 -> 1.30 and 2.52 -> 1.74 s. The
+  // readers filling held windows and pieces issue large requests, a few hand-offs each: they
+  // keep the device's number.
   const int fill_io_threads = options.io_threads > 0 ? options.io_threads : kDeviceIoThreads;
   const int stream_io_threads = options.io_threads > 0              ? options.io_threads
                                 : input_reader->reads_from_memory() ? 1
