@@ -35,6 +35,18 @@ std::string cold_file(const test::TempDir& dir, const std::string& bytes) {
   return path;
 }
 
+// A one-shard checkpoint in `dir`: file `name`, tensor t at byte offsets[t].
+CheckpointLocation one_shard(const test::TempDir& dir, const std::string& name,
+                             std::vector<std::uint64_t> offsets) {
+  CheckpointLocation loc;
+  loc.dir = dir.path();
+  loc.shard_names = {name};
+  loc.files = {stat_identity(dir.file(name))};
+  loc.tensor_file.assign(offsets.size(), 0);
+  loc.tensor_offset = std::move(offsets);
+  return loc;
+}
+
 TEST(DirectRead, MatchesTheFileAtUnalignedOffsetsAndLengths) {
   test::TempDir dir;
   const std::string bytes = pattern(3 * 4096 + 777);
@@ -128,18 +140,9 @@ TEST(DirectRead, HeldWindowsHoldWhatPlainReadsReturn) {
   const std::string base_bytes = pattern(40000), expert_bytes = pattern(40000 + 13).substr(13);
   test::write_file(dir.file("base.bin"), base_bytes);
   test::write_file(dir.file("expert.bin"), expert_bytes);
-  auto location = [&](const std::string& name) {
-    CheckpointLocation loc;
-    loc.dir = dir.path();
-    loc.shard_names = {name};
-    loc.files = {stat_identity(dir.file(name))};
-    loc.tensor_file = {0, 0};
-    loc.tensor_offset = {100, 9000};  // tensor 1 starts 808 bytes into a page
-    return loc;
-  };
-  // The readers keep pointers to the locations.
-  const CheckpointLocation base = location("base.bin");
-  const std::vector<CheckpointLocation> experts = {location("expert.bin")};
+  // Tensor 1 starts 808 bytes into a page. The readers keep pointers to the locations.
+  const CheckpointLocation base = one_shard(dir, "base.bin", {100, 9000});
+  const std::vector<CheckpointLocation> experts = {one_shard(dir, "expert.bin", {100, 9000})};
   ByteCounters counters;
   CheckpointBlockReader held(base, experts, counters,
                              CheckpointBlockReader::ExpertAccess::kHeldWindows, InputIo::kDirect);
@@ -204,17 +207,8 @@ TEST(DirectRead, ReadsFromMemoryOnlyWhenEveryShardIsCachedAndBuffered) {
   const std::string bytes = pattern(64 * 4096);
   test::write_file(dir.file("base.bin"), bytes);
   test::write_file(dir.file("expert.bin"), bytes);
-  auto location = [&](const std::string& name) {
-    CheckpointLocation loc;
-    loc.dir = dir.path();
-    loc.shard_names = {name};
-    loc.files = {stat_identity(dir.file(name))};
-    loc.tensor_file = {0};
-    loc.tensor_offset = {0};
-    return loc;
-  };
-  const CheckpointLocation base = location("base.bin");
-  const std::vector<CheckpointLocation> experts = {location("expert.bin")};
+  const CheckpointLocation base = one_shard(dir, "base.bin", {0});
+  const std::vector<CheckpointLocation> experts = {one_shard(dir, "expert.bin", {0})};
   auto read_whole = [](const std::string& path) {
     File f(path, File::Mode::kRead);
     std::vector<std::byte> out(f.size());
