@@ -18,7 +18,7 @@ std::uint64_t cached_bytes(const File& file);
 bool mostly_cached(const File& file, int samples = 64);
 
 // Whether every one of `samples` pages spread evenly over the file is in the page cache: reads
-// of it will be copies from memory (the test that picks one reader thread, --io-threads auto).
+// of it will be copies from memory (the test by which --io-threads 0 picks one reader).
 bool fully_cached(const File& file, int samples = 64);
 
 }  // namespace mergepipe::io
