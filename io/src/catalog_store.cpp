@@ -662,10 +662,8 @@ void save_catalog(const Catalog& catalog, const std::string& path) {
 std::vector<bool> selected_experts(const Catalog& c, const ExpertSelection& only) {
   std::vector<bool> selected(c.experts.size(), !only.has_value());
   if (only) {
-    for (const std::string& dir : *only) {
-      const int k = c.find_expert(dir);
+    for (const int k : c.find_experts(*only))
       if (k >= 0) selected[static_cast<std::size_t>(k)] = true;
-    }
   }
   return selected;
 }

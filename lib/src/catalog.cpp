@@ -1,6 +1,7 @@
 #include "mergepipe/catalog.hpp"
 
 #include <filesystem>
+#include <unordered_map>
 
 #include "mergepipe/hash.hpp"
 
@@ -28,11 +29,20 @@ std::string normalize_checkpoint_dir(const std::string& dir) {
 }
 
 int Catalog::find_expert(const std::string& dir) const {
-  const std::string want = normalize_checkpoint_dir(dir);
-  for (std::size_t k = 0; k < experts.size(); ++k) {
-    if (normalize_checkpoint_dir(experts[k].location.dir) == want) return static_cast<int>(k);
+  return find_experts({dir}).front();
+}
+
+std::vector<int> Catalog::find_experts(const std::vector<std::string>& dirs) const {
+  std::unordered_map<std::string, int> index;  // the first of equal folders wins
+  for (std::size_t k = 0; k < experts.size(); ++k)
+    index.emplace(normalize_checkpoint_dir(experts[k].location.dir), static_cast<int>(k));
+  std::vector<int> found;
+  found.reserve(dirs.size());
+  for (const std::string& dir : dirs) {
+    const auto it = index.find(normalize_checkpoint_dir(dir));
+    found.push_back(it == index.end() ? -1 : it->second);
   }
-  return -1;
+  return found;
 }
 
 std::uint64_t Catalog::family_bytes() const {

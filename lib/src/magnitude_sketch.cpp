@@ -327,13 +327,21 @@ void MagnitudeSketch::combined(std::vector<std::uint16_t>& keys,
   merge_sorted(keys_, counts_, dense_keys, dense_counts, keys, counts);
 }
 
+std::pair<std::span<const std::uint16_t>, std::span<const std::uint64_t>>
+MagnitudeSketch::sparse_view(std::vector<std::uint16_t>& key_storage,
+                             std::vector<std::uint64_t>& count_storage) const {
+  if (dense_count_ == 0) return {keys_, counts_};
+  combined(key_storage, count_storage);
+  return {key_storage, count_storage};
+}
+
 float MagnitudeSketch::threshold(double density) const {
   if (density >= 1.0) return 0.0f;
   const auto k = static_cast<std::uint64_t>(std::floor(density * static_cast<double>(total_)));
   if (k == 0) return std::numeric_limits<float>::infinity();
-  std::vector<std::uint16_t> keys;
-  std::vector<std::uint64_t> counts;
-  combined(keys, counts);
+  std::vector<std::uint16_t> key_storage;
+  std::vector<std::uint64_t> count_storage;
+  const auto [keys, counts] = sparse_view(key_storage, count_storage);
   std::uint64_t seen = 0;
   for (std::size_t i = keys.size(); i-- > 0;) {
     seen += counts[i];
@@ -345,9 +353,9 @@ float MagnitudeSketch::threshold(double density) const {
 std::uint64_t MagnitudeSketch::kept_count(float threshold) const {
   if (std::isinf(threshold)) return 0;
   const std::uint16_t first = magnitude_bucket(threshold);
-  std::vector<std::uint16_t> keys;
-  std::vector<std::uint64_t> counts;
-  combined(keys, counts);
+  std::vector<std::uint16_t> key_storage;
+  std::vector<std::uint64_t> count_storage;
+  const auto [keys, counts] = sparse_view(key_storage, count_storage);
   std::uint64_t kept = 0;
   for (std::size_t i = 0; i < keys.size(); ++i)
     if (keys[i] >= first) kept += counts[i];

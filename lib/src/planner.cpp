@@ -143,9 +143,10 @@ Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest&
   plan.method = std::string(merge_method_name(spec.method));
   plan.base_dir = catalog.base.dir;
   const Coefficients coefficients = additive_coefficients(spec);
+  const std::vector<int> found = catalog.find_experts(spec.expert_paths());
   for (std::size_t k = 0; k < spec.experts.size(); ++k) {
     const ExpertSpec& e = spec.experts[k];
-    const int idx = catalog.find_expert(e.path);
+    const int idx = found[k];
     if (idx < 0) {
       throw UsageError(
           "config model '" + e.path + "' is not in the catalog (" +

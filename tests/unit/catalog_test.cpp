@@ -319,6 +319,26 @@ TEST(CatalogModel, FullExpertBytesAndFindExpert) {
   EXPECT_EQ(c.family_bytes(), (4096u + 4097u) + 4096u + (4096u + 4097u));
 }
 
+TEST(CatalogModel, FindExpertsAnswersEachFolderInTheOrderAsked) {
+  Catalog c = synthetic_catalog();
+  EXPECT_EQ(c.find_experts({"/data/expert1/", "/data/expert2", "/data/./expert0", "/data/expert1"}),
+            (std::vector<int>{1, -1, 0, 1}));
+  EXPECT_TRUE(c.find_experts({}).empty());
+  c.experts.push_back(c.experts[0]);  // the same folder twice: the first is the one found
+  EXPECT_EQ(c.find_experts({"/data/expert0"}), std::vector<int>{0});
+  EXPECT_EQ(c.find_expert("/data/expert0"), 0);
+}
+
+TEST(CatalogModel, FindExpertsResolvesSymlinks) {
+  TempDir tmp;
+  fs::create_directories(tmp.file("real/expert"));
+  fs::create_directory_symlink(tmp.file("real"), tmp.file("link"));
+  Catalog c = synthetic_catalog();
+  c.experts[1].location.dir = tmp.file("real/expert");
+  EXPECT_EQ(c.find_experts({tmp.file("link/expert"), tmp.file("link/expert/../expert")}),
+            (std::vector<int>{1, 1}));
+}
+
 TEST(CatalogModel, FamilyIdIsStableAndContentOnly) {
   const std::vector<TensorInfo> tensors = {{"a", DType::kBF16, {4, 2}}, {"b", DType::kF32, {3}}};
   const std::vector<FileIdentity> files = {{"/x/model.safetensors", 100, 5, "00ff"}};

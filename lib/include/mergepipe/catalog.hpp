@@ -66,6 +66,10 @@ struct Catalog {
   std::uint64_t full_expert_bytes() const;
   // Index of the expert whose folder is `dir` (after path normalisation), or -1.
   int find_expert(const std::string& dir) const;
+  // find_expert of each of `dirs`, normalising every folder once: normalising resolves symlinks
+  // with a stat per path component, which for K experts looked up one by one made a K = 20 plan
+  // spend 2 ms of its 7 in lstat.
+  std::vector<int> find_experts(const std::vector<std::string>& dirs) const;
   // Sizes of the base's and every expert's files (what the catalog is a summary of).
   std::uint64_t family_bytes() const;
 };

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace mergepipe {
@@ -83,6 +84,11 @@ class MagnitudeSketch {
   void merge_sparse(std::span<const std::uint16_t> keys, std::span<const std::uint64_t> counts);
   // The sum of both parts as a sparse list.
   void combined(std::vector<std::uint16_t>& keys, std::vector<std::uint64_t>& counts) const;
+  // The same sum to read: the sparse part itself when the dense part is empty (every sketch of a
+  // loaded catalog), else combined() into the storage given. A K = 20 TIES plan spent 3 ms of its
+  // 7 copying 1.8 M buckets for 6,220 thresholds.
+  std::pair<std::span<const std::uint16_t>, std::span<const std::uint64_t>> sparse_view(
+      std::vector<std::uint16_t>& key_storage, std::vector<std::uint64_t>& count_storage) const;
 
   std::array<std::uint16_t, kHotKeys> hot_{};  // distinct keys, valid when has_hot_
   bool has_hot_ = false;
