@@ -24,6 +24,8 @@ import statistics
 import subprocess
 import time
 
+import vm_settings
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # OMPI_MCA_pml: skip the cm PML, whose PSM transports wait ~0.2 s at start-up on a machine
 # without their hardware (docs/cluster.md); a value set by the caller wins.
@@ -49,7 +51,12 @@ def main():
     p.add_argument("--warm", action="store_true",
                    help="inputs in the page cache, output on tmpfs (instead of cold, on disk)")
     p.add_argument("--reader", default=os.path.join(ROOT, "build", "bin", "read_files"))
+    p.add_argument("--page-reporting", choices=("keep", "off"), default="keep",
+                   help="off: the VM's free page reporting off for the run (root; as run.py)")
+    p.add_argument("--damon", choices=("keep", "off"), default="keep",
+                   help="off: the kernel's DAMON reclaim stopped for the run (root; as run.py)")
     a = p.parse_args()
+    vm_settings.apply(a.page_reporting, a.damon)
     fam = os.path.abspath(a.family)
     cfg = os.path.join(os.path.dirname(fam), f"ab-{a.method}-{a.experts}.yaml")
     with open(cfg, "w") as f:

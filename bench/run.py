@@ -12,7 +12,8 @@ ratio reported comes from measurements taken side by side.
   bench/run.py --suite headline --reps 3   # K=20 TIES: full read vs 10% budget
   bench/run.py --quick                     # a small family, one repetition (a smoke run)
   bench/run.py --report docs/bench/suite-all.csv --plots docs/bench   # tables and plots again
-  bench/run.py --suite warm --reps 5 --page-reporting off   # a VM: no free page reporting (root)
+  bench/run.py --suite warm --reps 5 --page-reporting off --damon off   # a VM's memory features
+                                                                         # off for the run (root)
 
 Suites: headline, k (expert I/O and wall time vs K), budget (wall time and deviation vs budget,
 for linear, ties and dare_ties), ranks (1 and 2 ranks, threads), warm (compute-bound throughput
@@ -21,19 +22,20 @@ the disk reads and writes at once or in turn, which the bound assumes).
 Output: one CSV row per run (--csv), a summary printed as markdown, and PNG plots (--plots).
 """
 import argparse
-import atexit
 import csv
 import glob
 import json
 import mmap
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
+
+import vm_settings
+from vm_settings import DamonReclaim, PageReporting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # OMPI_MCA_pml: skip the cm PML, whose PSM transports wait ~0.2 s at start-up on a machine
@@ -51,54 +53,8 @@ FIELDS = ["suite", "preset", "experts", "method", "config", "budget", "ranks", "
           "wall_s", "expert_bytes", "base_bytes", "output_bytes", "bytes_moved", "read_bw",
           "write_bw", "bound_s", "ratio", "speedup_vs_full", "full_wall_s", "read_once_s",
           "peak_rss_bytes", "plan_s", "merge_s", "kernel_read_bytes", "deviation_rel_l2",
-          "throughput_bps", "catalog_s", "program_s", "full_bound_s", "page_reporting"]
-
-# Free page reporting (virtio-balloon): a VM hands the pages its guest frees back to the host,
-# which backs them again only when they are next touched. On the test VM, writing 1.5 GB to
-# tmpfs ran at 0.55-0.62 GB/s into reported pages and at 3.9-5.8 GB/s into pages freed a moment
-# before. Every merge allocates its buffers and its output pages afresh, so this adds up to
-# seconds to a run, as the host's timing decides: the warm suite's 1-rank merges took 2.1-5.2 s
-# with reporting on, 1.9-2.9 s with it off (5 repetitions each, linear and TIES).
-# Reporting covers free blocks of 2^order pages; no block is larger than 2^10 pages.
-PAGE_REPORTING_ORDER = "/sys/module/page_reporting/parameters/page_reporting_order"
-NO_REPORTING_ORDER = "11"
-
-
-class PageReporting:
-    def __init__(self):
-        self.saved = None
-
-    @staticmethod
-    def state():
-        try:
-            with open(PAGE_REPORTING_ORDER) as f:
-                order = f.read().strip()
-        except OSError:
-            return "absent"
-        return "off" if int(order) > 10 else f"on (order {order})"
-
-    def turn_off(self):
-        """Until exit: root only, the machine's value restored by restore()."""
-        if self.state() in ("absent", "off"):
-            return
-        with open(PAGE_REPORTING_ORDER) as f:
-            self.saved = f.read().strip()
-        try:
-            with open(PAGE_REPORTING_ORDER, "w") as f:
-                f.write(NO_REPORTING_ORDER)
-        except OSError as e:
-            sys.exit(f"run.py: cannot turn free page reporting off ({PAGE_REPORTING_ORDER}: {e})")
-        atexit.register(self.restore)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that atexit runs
-        log(f"free page reporting off for this run (order {self.saved} -> {NO_REPORTING_ORDER})")
-
-    def restore(self):
-        if self.saved is not None:
-            with open(PAGE_REPORTING_ORDER, "w") as f:
-                f.write(self.saved)
-            log(f"free page reporting restored (order {self.saved})")
-            self.saved = None
-
+          "throughput_bps", "catalog_s", "program_s", "full_bound_s", "page_reporting",
+          "damon"]
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
@@ -280,6 +236,7 @@ class Bench:
 
     def record(self, **row):
         row.setdefault("page_reporting", PageReporting.state())
+        row.setdefault("damon", DamonReclaim.state())
         self.rows.append(row)
         self.csv.writerow({k: row.get(k, "") for k in FIELDS})
         self.csv_file.flush()
@@ -470,6 +427,8 @@ class Bench:
         cols = ("suite", "preset", "experts", "method", "config", "ranks", "threads")
         states = sorted({r.get("page_reporting") or "not recorded" for r in self.rows})
         print(f"\nFree page reporting (VM) during these runs: {', '.join(states)}.")
+        states = sorted({r.get("damon") or "not recorded" for r in self.rows})
+        print(f"DAMON reclaim during these runs: {', '.join(states)}.")
         keys = []
         device = [r for r in self.rows if r["suite"] == "device"]
         merges = [r for r in self.rows if r["suite"] != "device"]  # device rows have no method
@@ -670,6 +629,9 @@ def main():
                    help="off: turn the VM's free page reporting off for the run (root; restored "
                    "at exit), so that memory freed by one run is not handed back to the host and "
                    "faulted in again, slowly, by the next")
+    p.add_argument("--damon", choices=("keep", "off"), default="keep",
+                   help="off: stop the kernel's DAMON reclaim for the run (root; restored at "
+                   "exit), so that it does not page out cached inputs between and during runs")
     p.add_argument("--report", metavar="CSV",
                    help="run nothing: print the tables and draw the plots of a saved CSV "
                    "(the catalog table needs the live run and is left out)")
@@ -685,12 +647,7 @@ def main():
     a.k_values = [int(x) for x in a.k_values.split(",")]
     suites = ["headline", "k", "budget", "ranks", "warm", "rss", "device"] if a.suite == "all" \
         else a.suite.split(",")
-    reporting = PageReporting()
-    if a.page_reporting == "off":
-        reporting.turn_off()
-    elif PageReporting.state().startswith("on"):
-        log(f"note: free page reporting is {PageReporting.state()}: memory freed between runs goes "
-            "back to the host, and touching it again is slow and varies (--page-reporting off)")
+    vm_settings.apply(a.page_reporting, a.damon)
     b = Bench(a)
     if a.quick:
         orig = b.family
