@@ -31,6 +31,7 @@ struct MergeOptions {
   std::optional<double> max_error;
   std::optional<std::uint64_t> seed;
   bool full_read = false;
+  bool base_read_ahead = false;
   std::uint64_t block_bytes = kDefaultBlockBytes;
   PipelineOptions pipeline;
 };
@@ -68,15 +69,15 @@ MergeTask full_read_task(const MergeSpec& spec, std::uint64_t block_bytes) {
   return task;
 }
 
-// Rank 0's disk idles while it loads the catalog and plans. Every merge reads the whole base,
-// each rank a contiguous share of about base ÷ ranks in tensor order: read the shares of the
-// ranks on rank 0's node in the meantime (they share its page cache), its own first. No more:
-// on a cluster, other nodes' shares would only fill this node's cache. Measured on one node with
-// 2 ranks: reading both shares instead of rank 0's alone, B/A 0.967 (the read-ahead had reached
-// its cap before the plan was made). It runs on any CPU of this node's ranks: mpirun binds rank
-// 0 to one core, where the catalog load kept the read-ahead waiting (measured: 0.07 of 0.75 GB
-// read in time), while the other ranks sleep until the plan arrives. Nothing if the base cannot
-// be opened: the merge then reports that itself.
+// With --base-read-ahead (off by default; see budgeted_task). Rank 0's disk idles while it loads
+// the catalog and plans. Every merge reads the whole base, each rank a contiguous share of about
+// base ÷ ranks in tensor order: read the shares of the ranks on rank 0's node in the meantime (they
+// share its page cache), its own first. No more: on a cluster, other nodes' shares would only fill
+// this node's cache. Measured on one node with 2 ranks: reading both shares instead of rank 0's
+// alone, B/A 0.967 (the read-ahead had reached its cap before the plan was made). It runs on any
+// CPU of this node's ranks: mpirun binds rank 0 to one core, where the catalog load kept the
+// read-ahead waiting (measured: 0.07 of 0.75 GB read in time), while the other ranks sleep until
+// the plan arrives. Nothing if the base cannot be opened: the merge then reports that itself.
 struct BaseReadAhead {
   std::unique_ptr<io::BackgroundReadAhead> reader;
   // Let it finish before the merge starts instead of stopping it once the plan is made
@@ -113,7 +114,12 @@ MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOp
   const auto load_start = std::chrono::steady_clock::now();
   // The catalog's small files first, together, while the disk is idle; then the base.
   io::prefetch_catalog_inputs(o.catalog, spec.expert_paths());
-  const auto read_ahead = start_base_read_ahead(spec, ranks, placement);
+  // Off by default (measured at 483f83f): the merge's own readers, which read the base beside the
+  // expert blocks, finished sooner than a read-ahead waited for first (cold, 2 ranks, alternated
+  // runs: K = 2 TIES 10% B/A 0.857, K = 10 linear 0.909, K = 20 TIES 0.949, linear 0.955, TIES at
+  // one rank 0.976, at 50% 0.986). Filling the page cache on one thread ran at 2-3 GB/s here.
+  const auto read_ahead =
+      o.base_read_ahead ? start_base_read_ahead(spec, ranks, placement) : BaseReadAhead{};
   // Only the experts this merge uses: their statistics, their freshness.
   const Catalog catalog = io::load_catalog(o.catalog, spec.expert_paths());
   pipeline.catalog_bytes = io::catalog_size_bytes(o.catalog);
@@ -225,7 +231,10 @@ int cmd_merge(CommandContext& ctx) {
       "seed", po::value(&seed), "seed of the DARE masks (default: config, else 0)")(
       "full-read", po::bool_switch(&o.full_read),
       "naive baseline: no catalog, read every expert block")(
-      "block-bytes", po::value(&block_bytes_text), "block size for --full-read (default 4MiB)")(
+      "base-read-ahead", po::bool_switch(&o.base_read_ahead),
+      "rank 0 reads the base into the page cache while it loads the catalog and plans, and the "
+      "merge starts when it is done (on one node)")("block-bytes", po::value(&block_bytes_text),
+                                                    "block size for --full-read (default 4MiB)")(
       "max-shard-size", po::value(&o.max_shard), "largest output shard (default 5GB)");
   add_run_options(desc, o.pipeline, run_text);
   po::positional_options_description pos;

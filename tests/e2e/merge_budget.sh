@@ -16,8 +16,8 @@ before=$("$PAGE_RESIDENCY" $(expert_files) | awk '{s += $1} END {print s}')
 [[ "$before" -eq 0 ]] || echo "note: $before expert bytes stayed cached after eviction"
 base_before=$("$PAGE_RESIDENCY" fam/base/*.safetensors | awk '{s += $1} END {print s}')
 
-# Buffered reads, so what the merge read shows in the page cache.
-run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25 --input-io buffered --quiet
+# Buffered reads, so what the merge read shows in the page cache; the base read ahead first.
+run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25 --input-io buffered --base-read-ahead --quiet
 after=$("$PAGE_RESIDENCY" $(expert_files) | awk '{s += $1} END {print s}')
 m=m25/mergepipe.manifest.json
 budget=$(json_get $m budget_bytes)
@@ -27,7 +27,7 @@ full=$(json_get $m full_expert_bytes)
 pairs=$(json_get $m plan.pairs_admitted)
 [[ "$read_expert" -eq "$planned" ]] || fail "manifest: expert bytes read $read_expert != planned $planned"
 # The catalog is read before planning: its time is recorded and counted in the total.
-# Meanwhile rank 0 reads ahead at most the equal shares of the ranks on its node: all of them here,
+# Meanwhile (--base-read-ahead) rank 0 reads ahead at most the equal shares of the ranks on its node: all of them here,
 # and the base was cold, so every byte of it.
 "$PYTHON" - "$m" "$base_before" <<'PY' || fail "manifest: catalog_load timing or base read-ahead wrong"
 import json, sys
@@ -60,8 +60,9 @@ cached() { "$PAGE_RESIDENCY" "$@" | awk '{s += $1} END {print s}'; }
 run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-direct --quiet
 d=m25-direct/mergepipe.manifest.json
 [[ "$(json_get $d input_io.mode)" == auto ]] || fail "manifest input_io.mode is not auto"
+[[ "$(json_get $d base_read_ahead.bytes)" -eq 0 ]] || fail "the base was read ahead without --base-read-ahead"
 # Each of the 2 ranks opens every shard of the base and the 6 experts; the budgeted experts'
-# are read directly, the base (read whole, with read-ahead) through the cache.
+# are read directly, the base (read whole, with the kernel's read-ahead) through the cache.
 shards=$(ls fam/expert00/*.safetensors | wc -l)
 [[ "$(json_get $d input_io.files)" -eq $((2 * 7 * shards)) ]] || fail "input_io.files $(json_get $d input_io.files) != $((2 * 7 * shards))"
 [[ "$(json_get $d input_io.direct_files)" -eq $((2 * 6 * shards)) ]] || fail "cold experts not read directly: $(json_get $d input_io.direct_files) of $((2 * 6 * shards))"
