@@ -362,6 +362,20 @@ std::uint64_t MagnitudeSketch::kept_count(float threshold) const {
   return kept;
 }
 
+std::uint64_t MagnitudeSketch::decided_differently(float a, float b) const {
+  // threshold() gives 0, +inf or a bucket's lower edge: on those, |x| >= t is exactly
+  // bucket(x) >= bucket(t), for every x (the infinite edge is a bucket's too).
+  const std::uint16_t key_a = magnitude_bucket(a), key_b = magnitude_bucket(b);
+  const std::uint16_t low = std::min(key_a, key_b), high = std::max(key_a, key_b);
+  std::vector<std::uint16_t> key_storage;
+  std::vector<std::uint64_t> count_storage;
+  const auto [keys, counts] = sparse_view(key_storage, count_storage);
+  std::uint64_t between = 0;
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (keys[i] >= low && keys[i] < high) between += counts[i];
+  return between;
+}
+
 std::vector<std::uint16_t> MagnitudeSketch::keys() const {
   std::vector<std::uint16_t> keys;
   std::vector<std::uint64_t> counts;

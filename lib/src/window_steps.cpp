@@ -44,14 +44,19 @@ std::vector<std::uint32_t> step_blocks(const WindowStep& step) {
 std::vector<WindowStep> window_steps(const std::vector<std::uint32_t>& to_scan,
                                      const std::vector<std::uint32_t>& to_merge,
                                      const BlocksFootprint& footprint, std::uint64_t limit,
-                                     bool hold) {
+                                     bool hold, bool speculate) {
   WindowStep whole{to_scan, to_merge, false, true};
   const std::vector<std::uint32_t> all = step_blocks(whole);
   whole.held = hold && !all.empty();
   if (!hold || all.empty() || footprint(all) <= limit * 5 / 4) return {std::move(whole)};
   std::vector<WindowStep> steps;
-  for (std::vector<std::uint32_t>& part : cut_parts(to_scan, footprint, limit))
-    steps.push_back(WindowStep{std::move(part), {}, true, false});
+  for (std::vector<std::uint32_t>& part : cut_parts(to_scan, footprint, limit)) {
+    WindowStep& step = steps.emplace_back(WindowStep{std::move(part), {}, true, false});
+    if (!speculate) continue;
+    std::set_intersection(step.to_scan.begin(), step.to_scan.end(), to_merge.begin(),
+                          to_merge.end(), std::back_inserter(step.to_merge));
+    step.speculative = !step.to_merge.empty();
+  }
   // The last scan completes the sketches; without a scan, the first merge combines.
   const std::size_t combining = steps.empty() ? 0 : steps.size() - 1;
   // The last scanned part is still in memory when the thresholds are known: it is merged there
@@ -59,14 +64,17 @@ std::vector<WindowStep> window_steps(const std::vector<std::uint32_t>& to_scan,
   std::vector<std::uint32_t> rest = to_merge;
   if (!steps.empty()) {
     WindowStep& last = steps.back();
+    last.to_merge.clear();
+    last.speculative = false;  // merged with the combined thresholds
     std::set_intersection(last.to_scan.begin(), last.to_scan.end(), to_merge.begin(),
                           to_merge.end(), std::back_inserter(last.to_merge));
     rest.clear();
     std::set_difference(to_merge.begin(), to_merge.end(), last.to_merge.begin(),
                         last.to_merge.end(), std::back_inserter(rest));
   }
+  const bool recheck = speculate && combining > 0;
   for (std::vector<std::uint32_t>& part : cut_parts(rest, footprint, limit))
-    steps.push_back(WindowStep{{}, std::move(part), true, false});
+    steps.push_back(WindowStep{{}, std::move(part), true, false, false, recheck});
   steps[combining].combine = true;
   return steps;
 }

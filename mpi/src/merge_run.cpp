@@ -159,6 +159,27 @@ class RankObserver : public ExecutionObserver {
   BlockHashes& done_;
 };
 
+// What a speculative merge of a full-read TIES part wrote (window_steps.hpp): not journaled nor
+// counted as done until the window's thresholds confirm the guess it merged with.
+struct WrittenBlock {
+  std::uint32_t block;
+  std::uint64_t output_hash, bytes_moved;
+};
+class SpeculativeObserver : public ExecutionObserver {
+ public:
+  SpeculativeObserver(RunMonitor& monitor, std::vector<WrittenBlock>& written)
+      : monitor_(monitor), written_(written) {}
+  void block_done(std::uint32_t block, std::uint64_t output_hash,
+                  std::uint64_t bytes_moved) override {
+    written_.push_back({block, output_hash, bytes_moved});
+  }
+  bool stop_requested() override { return monitor_.stop_requested(); }
+
+ private:
+  RunMonitor& monitor_;
+  std::vector<WrittenBlock>& written_;
+};
+
 // Hands each written range to the kernel's writeback at once (io/writeback.hpp).
 class WritebackSink : public OutputSink {
  public:
@@ -465,6 +486,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   double scan_seconds = 0, scan_read_wait = 0;
   std::uint64_t input_files = 0, input_files_direct = 0;
   std::uint64_t window_count = 0, held_shares = 0, held_bytes = 0;
+  std::uint64_t speculative_blocks = 0, speculative_redone = 0;
   double fill_wait = 0, combine_seconds = 0;
   std::uint64_t used_window_bytes = 0;
   std::uint64_t expert_piece_bytes = 0, expert_pieces = 0, held_pieces = 0, held_piece_bytes = 0;
@@ -594,10 +616,58 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         if (!thresholds.count(blocking.blocks[b].tensor)) to_scan.push_back(b);
         if (!done.count(b)) to_merge.push_back(b);
       }
-      for (WindowStep& s :
-           window_steps(to_scan, to_merge, footprint, window_bytes, held_reader.has_value()))
+      for (WindowStep& s : window_steps(to_scan, to_merge, footprint, window_bytes,
+                                        held_reader.has_value(), options.speculative_merge))
         steps.push_back({w, std::move(s)});
     }
+    // A recheck step's blocks are known once its window's guesses are checked.
+    std::vector<char> awaiting_check(steps.size(), 0);
+    for (std::size_t j = 0; j < steps.size(); ++j) awaiting_check[j] = steps[j].work.recheck;
+    auto skipped = [&](std::size_t j) {
+      return steps[j].work.recheck && !awaiting_check[j] && steps[j].work.to_merge.empty();
+    };
+    auto next_to_run = [&](std::size_t j) {
+      while (j < steps.size() && skipped(j)) ++j;
+      return j;
+    };
+    // The speculative merges of the current window, and the blocks whose guess held.
+    struct Speculation {
+      std::map<std::uint32_t, std::vector<float>> guessed;        // per tensor merged, per expert
+      std::map<std::uint32_t, std::vector<MagnitudeSketch>> own;  // the part's sketches
+      std::vector<WrittenBlock> written;
+    };
+    std::vector<Speculation> speculations;
+    std::vector<char> confirmed(blocking.blocks.size(), 0);
+    // Checks each guess against the window's combined thresholds: a part's blocks of a tensor
+    // are done when no value of the part is trimmed differently under the two (its own sketch
+    // says), else merged again by the window's recheck steps.
+    auto check_guesses = [&](std::size_t w, std::size_t combine_step) {
+      for (const Speculation& guess : speculations) {
+        std::set<std::uint32_t> wrong;
+        for (const auto& [t, guessed] : guess.guessed) {
+          const std::vector<float>& actual = scanned.at(t);
+          for (std::size_t k = 0; k < experts; ++k)
+            if (guessed[k] != actual[k] &&
+                guess.own.at(t)[k].decided_differently(guessed[k], actual[k]) > 0)
+              wrong.insert(t);
+        }
+        for (const WrittenBlock& b : guess.written) {
+          ++speculative_blocks;
+          if (wrong.count(blocking.blocks[b.block].tensor)) {
+            ++speculative_redone;
+            continue;
+          }
+          confirmed[b.block] = 1;
+          observer.block_done(b.block, b.output_hash, b.bytes_moved);
+        }
+      }
+      speculations.clear();
+      for (std::size_t j = combine_step + 1; j < steps.size() && steps[j].window == w; ++j) {
+        if (!steps[j].work.recheck) continue;
+        std::erase_if(steps[j].work.to_merge, [&](std::uint32_t b) { return confirmed[b] != 0; });
+        awaiting_check[j] = 0;
+      }
+    };
     // What a held step reads: its blocks, less the expert blocks a scan already found identical
     // to the base (merged as omitted, so never read again). Decided when its read starts.
     auto ranges_of = [&](const WindowStep& step) {
@@ -692,6 +762,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       std::optional<Error> window_failure;
       ScanResult part;  // this rank's sketches of the window so far
       for (; i < steps.size() && steps[i].window == w; ++i) {
+        if (skipped(i)) continue;  // every guess it would recheck held
         const WindowStep& step = steps[i].work;
         if (!window_failure)
           window_failure = capture_failure([&] {
@@ -700,14 +771,28 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
             fill_wait += seconds_since(tw);
           });
         RetainedWindow* const this_held = std::exchange(next_held, nullptr);
-        if (!window_failure && i + 1 < steps.size()) next_held = start_fetch(i + 1);
+        // The next step's read starts now, unless it is a recheck whose blocks this step's
+        // combine decides: then once they are known.
+        bool fetch_after_check = false;
+        if (const std::size_t next = next_to_run(i + 1); !window_failure && next < steps.size()) {
+          if (awaiting_check[next])
+            fetch_after_check = true;
+          else
+            next_held = start_fetch(next);
+        }
         BlockReader& source = this_held ? static_cast<BlockReader&>(*this_held) : reader;
         // A held step's bytes are all in memory: its streams find them on their own thread.
         scan.io_threads = job.io_threads = this_held ? 0 : stream_io_threads;
         const auto ts = Clock::now();
+        std::map<std::uint32_t, std::vector<MagnitudeSketch>> own_sketches;  // speculating
         if (!window_failure && !step.to_scan.empty()) {
           window_failure = capture_failure([&] {
             ScanResult scanned_part = scan_sketches(scan, step.to_scan, source);
+            if (step.speculative)
+              for (std::uint32_t b : step.to_merge) {
+                const std::uint32_t t = blocking.blocks[b].tensor;
+                if (!own_sketches.count(t)) own_sketches[t] = scanned_part.sketches[t];
+              }
             scan_read_wait += scanned_part.read_wait_seconds;
             if (part.sketches.empty()) part.sketches.resize(tensor_count);
             for (std::uint32_t t : windows[w]) {
@@ -725,10 +810,29 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
           const auto tc = Clock::now();
           comm.check(window_failure, "scan thresholds");
           combine_sketches(w, part);
+          check_guesses(w, i);
           combine_seconds += seconds_since(tc);
         }
+        if (fetch_after_check && !window_failure)
+          if (const std::size_t next = next_to_run(i + 1); next < steps.size())
+            next_held = start_fetch(next);
         scan_seconds += seconds_since(ts);
-        if (!window_failure && !step.to_merge.empty()) {
+        if (!window_failure && step.speculative) {
+          // Thresholds guessed from this rank's sketches of each tensor so far.
+          Speculation& guess = speculations.emplace_back();
+          guess.own = std::move(own_sketches);
+          for (const auto& [t, own] : guess.own) {
+            std::vector<float>& guessed = guess.guessed[t];
+            for (std::size_t k = 0; k < experts; ++k) {
+              guessed.push_back(part.sketches[t][k].threshold(scan.densities[k]));
+              job.thresholds[k * tensor_count + t] = guessed[k];
+            }
+          }
+          SpeculativeObserver held_back(monitor, guess.written);
+          window_failure = capture_failure([&] {
+            accumulate(stats, execute_blocks(job, step.to_merge, source, sink, &held_back));
+          });
+        } else if (!window_failure && !step.to_merge.empty()) {
           std::vector<std::uint32_t> to_merge = step.to_merge;
           // Merge a share read from the page cache backwards: the cache evicts the oldest pages
           // first, so the blocks scanned last are the likeliest to still be there, and merging
@@ -800,6 +904,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   result.held_bytes = comm.allreduce_sum(held_bytes, "reduce held windows");
   result.fill_wait_seconds = comm.allreduce_max(fill_wait, "reduce held windows");
   result.combine_seconds = comm.allreduce_max(combine_seconds, "reduce held windows");
+  result.speculative_blocks = comm.allreduce_sum(speculative_blocks, "reduce speculation");
+  result.speculative_redone = comm.allreduce_sum(speculative_redone, "reduce speculation");
   result.expert_piece_bytes = comm.allreduce_max(expert_piece_bytes, "reduce expert pieces");
   result.expert_pieces = comm.allreduce_sum(expert_pieces, "reduce expert pieces");
   result.held_pieces = comm.allreduce_sum(held_pieces, "reduce expert pieces");

@@ -454,7 +454,9 @@ TEST(MPI, FullReadLinearHoldsExpertPieces) {
 }
 
 // --full-read TIES scans thresholds from the data window by window; the result equals a task
-// that was given the same thresholds up front, at any rank count and window size.
+// that was given the same thresholds up front, at any rank count and window size, whether the
+// parts of a share too large for a window merge at once with guessed thresholds (checked, and
+// merged again where a guess trimmed a value differently) or are read twice.
 TEST(MPI, FullReadTiesScansThresholdsFromTheData) {
   mpi::Comm comm = mpi::Comm::world();
   const std::string dir = make_family(comm);
@@ -465,39 +467,53 @@ TEST(MPI, FullReadTiesScansThresholdsFromTheData) {
   std::vector<float> thresholds;
   std::uint64_t all_experts = 0;
   for (const auto& t : task.tensors) all_experts += 3 * t.nbytes();
-  // Windows of one tensor (larger than the buffer: held in parts, each read twice), of a few
-  // tensors (some shares held whole, the others in parts, which ones depends on the rank count),
-  // and of everything (all held whole); or none held, read twice through the page cache.
-  bool saw_parts = false;
-  for (const bool hold : {true, false}) {
+  // Windows of one tensor (larger than the buffer: held in parts), of a few tensors (some
+  // shares held whole, the others in parts, which ones depends on the rank count), and of
+  // everything (all held whole); or none held, read twice through the page cache.
+  bool saw_parts = false, saw_guess_redone = false;
+  struct Case {
+    bool hold, speculate;
+  };
+  for (const Case c : {Case{true, true}, Case{true, false}, Case{false, true}}) {
     for (std::uint64_t window : {std::uint64_t{1}, std::uint64_t{20000}, std::uint64_t{30000},
                                  std::uint64_t{60000}, std::uint64_t{1} << 30}) {
-      const std::string out = dir + "/scan" + std::to_string(window) + (hold ? "h" : "");
+      const std::string out =
+          dir + "/scan" + std::to_string(window) + (c.hold ? "h" : "") + (c.speculate ? "s" : "");
       if (comm.is_root()) fs::create_directories(out);
       comm.barrier("mkdir");
       mpi::MergeRunOptions options;
       options.output_dir = out;
       options.window_bytes = window;
-      options.hold_windows = hold;
+      options.hold_windows = c.hold;
+      options.speculative_merge = c.speculate;
       const mpi::MergeRunResult r = mpi::run_merge(comm, task, options);
       if (comm.is_root()) {
         ok &= r.thresholds.size() == 3 * task.tensors.size();
         if (!hashes.empty()) ok &= r.tensor_hashes == hashes && r.thresholds == thresholds;
         hashes = r.tensor_hashes;
         thresholds = r.thresholds;
-        const bool all_whole = hold && window > (1u << 20);
+        const bool all_whole = c.hold && window > (1u << 20);
         if (all_whole) ok &= r.held_shares >= r.windows && r.bytes.expert == all_experts;
         // Held or not, every input byte is read at least once; held, every read is into memory.
         ok &= r.bytes.expert >= all_experts;
-        if (hold) ok &= r.held_bytes == r.bytes.base + r.bytes.expert;
+        if (c.hold) ok &= r.held_bytes == r.bytes.base + r.bytes.expert;
         // Each window's one-block parts: scan parts, then merge parts read again (all but the
         // last scanned block, merged where it is held).
-        if (hold && window == 1) ok &= r.held_shares >= 2 * r.windows;
-        if (!hold) ok &= r.held_shares == 0 && r.bytes.expert > all_experts;
-        saw_parts = saw_parts || (hold && r.bytes.expert > all_experts);
+        if (c.hold && !c.speculate && window == 1) ok &= r.held_shares >= 2 * r.windows;
+        if (!c.hold) ok &= r.held_shares == 0 && r.bytes.expert > all_experts;
+        // Speculating, only the blocks whose guess did not hold are read again: when every
+        // guess held, each expert byte is read once.
+        ok &= r.speculative_redone <= r.speculative_blocks;
+        if (!c.hold || !c.speculate || all_whole) ok &= r.speculative_blocks == 0;
+        if (c.hold && c.speculate && r.speculative_redone == 0) ok &= r.bytes.expert == all_experts;
+        if (r.speculative_redone > 0) ok &= r.bytes.expert > all_experts;
+        saw_guess_redone = saw_guess_redone || r.speculative_redone > 0;
+        saw_parts = saw_parts || (c.hold && !c.speculate && r.bytes.expert > all_experts);
       }
     }
   }
+  // Deltas of many sizes in parts of a block or a few: some guesses from part of a tensor fail.
+  if (comm.is_root()) ok &= saw_guess_redone;
   if (comm.is_root()) ok &= saw_parts;
   // The same task with those thresholds given reads every expert once and writes the same bytes.
   if (comm.is_root()) task.plan.thresholds = thresholds;
@@ -521,6 +537,93 @@ TEST(MPI, FullReadTiesScansThresholdsFromTheData) {
   int all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   EXPECT_EQ(all_ok, 1);
+}
+
+// Guesses that hold (density 1 keeps every value, whatever part the guess came from): the
+// parts merged at once are done, none is read again, and the model is the one a full read
+// that reads every part twice writes.
+TEST(MPI, FullReadTiesGuessesThatHoldAreNotReadAgain) {
+  mpi::Comm comm = mpi::Comm::world();
+  const std::string dir = make_family(comm);
+  MergeTask task = full_read_task(dir, MergeMethod::kTies);
+  for (ExpertSpec& e : task.spec.experts) e.density = 1.0;
+  task.plan = make_full_read_plan(task.spec, task.tensors,
+                                  make_blocking(task.tensors, task.block_bytes), "test");
+  task.plan.hash = compute_plan_hash(task.plan);
+  std::uint64_t all_experts = 0;
+  for (const auto& t : task.tensors) all_experts += 3 * t.nbytes();
+  std::vector<mpi::MergeRunResult> results;
+  for (const bool speculate : {true, false}) {
+    const std::string out = dir + "/dense" + (speculate ? "s" : "");
+    if (comm.is_root()) fs::create_directories(out);
+    comm.barrier("mkdir");
+    mpi::MergeRunOptions options;
+    options.output_dir = out;
+    options.window_bytes = 1;  // parts of one block
+    options.speculative_merge = speculate;
+    results.push_back(mpi::run_merge(comm, task, options));
+  }
+  int ok = 1;
+  if (comm.is_root()) {
+    const mpi::MergeRunResult& guessed = results[0];
+    const mpi::MergeRunResult& twice = results[1];
+    ok &= guessed.tensor_hashes == twice.tensor_hashes && guessed.thresholds == twice.thresholds;
+    // Every block but those of each window's last part, which merges after the combine.
+    ok &= guessed.speculative_blocks > 0 && guessed.speculative_redone == 0;
+    ok &= guessed.bytes.expert == all_experts && twice.bytes.expert > all_experts;
+    ok &= guessed.held_shares < twice.held_shares;
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  int all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_EQ(all_ok, 1) << "speculative " << results[0].speculative_blocks << " redone "
+                       << results[0].speculative_redone << " expert bytes "
+                       << results[0].bytes.expert << " / " << all_experts;
+}
+
+// A full-read TIES that fails after merging parts with guessed thresholds, before their
+// window's combine checked the guesses: those blocks were never journaled, so the resumed run
+// merges them again with the tensor's own thresholds and writes the model of a run that did not
+// fail (had a guess been journaled, its bytes would pass the resume check and stay).
+TEST(MPI, FullReadTiesResumeRedoesUncheckedGuesses) {
+  mpi::Comm comm = mpi::Comm::world();
+  const std::string dir = make_family(comm);
+  const MergeTask task = full_read_task(dir, MergeMethod::kTies);
+  const std::string ref = dir + "/ref", out = dir + "/resumed";
+  const std::string victim = dir + "/expert2/model.safetensors";
+  if (comm.is_root()) {
+    fs::create_directories(ref);
+    fs::create_directories(out);
+    fs::copy_file(victim, victim + ".whole");
+  }
+  comm.barrier("mkdir");
+  mpi::MergeRunOptions options;
+  options.window_bytes = 1;  // parts of one block: every part but the last guesses
+  options.output_dir = ref;
+  const mpi::MergeRunResult fresh = mpi::run_merge(comm, task, options);
+  // The last tensor in the files (lm_head) fails in its last part, after its other parts merged
+  // with guesses, most of them wrong on this data.
+  truncate_last_expert(comm, dir);
+  options.output_dir = out;
+  const Failure failure = failure_of(comm, task, options);
+  if (comm.is_root())
+    fs::copy_file(victim + ".whole", victim, fs::copy_options::overwrite_existing);
+  comm.barrier("restore the expert");
+  options.resume = true;
+  const mpi::MergeRunResult resumed = mpi::run_merge(comm, task, options);
+  int ok = failure.code != 0;
+  if (comm.is_root()) {
+    ok &= fresh.speculative_redone > 0;
+    ok &= resumed.blocks_resumed > 0 && resumed.blocks_rejected == 0;
+    ok &= resumed.tensor_hashes == fresh.tensor_hashes;
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  int all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  EXPECT_EQ(all_ok, 1) << "failure " << failure.code << ", resumed " << resumed.blocks_resumed
+                       << ", rejected " << resumed.blocks_rejected;
 }
 
 // A full-read TIES whose read fails in one rank's held part: ranks have different numbers of

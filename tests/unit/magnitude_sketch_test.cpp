@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -259,4 +260,45 @@ TEST(MagnitudeSketch, RejectsUnsortedSparseInput) {
   const std::vector<std::uint16_t> keys{5, 3};
   const std::vector<std::uint64_t> counts{1, 1};
   EXPECT_THROW(MagnitudeSketch::from_sparse(keys, counts), mergepipe::InputError);
+}
+
+// The count a speculative full-read merge checks its guess with: entries that the operator's
+// trim (|Δ| >= t on bit patterns) keeps under one threshold and not the other, counted from the
+// sketch alone, for thresholds of other data (a part's guess against the whole tensor's), the
+// keep-everything 0 and the keep-nothing +inf, with infinities and NaNs among the values.
+TEST(MagnitudeSketch, DecidedDifferentlyCountsTheEntriesBetweenTwoThresholds) {
+  auto v = deltas(20000, 4);
+  v[3] = std::numeric_limits<float>::infinity();
+  v[5] = -std::numeric_limits<float>::quiet_NaN();
+  v[8] = -std::numeric_limits<float>::infinity();
+  const auto other = deltas(5000, 5);
+  MagnitudeSketch dense, guess_source;
+  dense.add(v.data(), v.size());
+  guess_source.add(other.data(), 800);
+  MagnitudeSketch sparse = dense;
+  sparse.compact();
+  auto trim_keeps = [](float x, float t) {  // the operator's kTrim test
+    std::uint32_t xb, tb;
+    std::memcpy(&xb, &x, 4);
+    std::memcpy(&tb, &t, 4);
+    return t <= 0.0f || (xb & 0x7fffffffu) >= tb;
+  };
+  std::vector<float> thresholds = {0.0f, std::numeric_limits<float>::infinity()};
+  for (double d : {1e-9, 0.05, 0.3, 0.31, 0.7, 0.95, 1.0}) {
+    thresholds.push_back(dense.threshold(d));
+    thresholds.push_back(guess_source.threshold(d));
+  }
+  int nonzero = 0;
+  for (float a : thresholds) {
+    for (float b : thresholds) {
+      const auto expected = static_cast<std::uint64_t>(std::count_if(
+          v.begin(), v.end(), [&](float x) { return trim_keeps(x, a) != trim_keeps(x, b); }));
+      EXPECT_EQ(dense.decided_differently(a, b), expected) << a << " " << b;
+      EXPECT_EQ(sparse.decided_differently(a, b), expected) << a << " " << b;
+      EXPECT_EQ(sparse.decided_differently(b, a), expected) << a << " " << b;
+      nonzero += expected > 0;
+    }
+  }
+  EXPECT_GT(nonzero, 0);
+  EXPECT_EQ(MagnitudeSketch().decided_differently(0.0f, 1.0f), 0u);
 }

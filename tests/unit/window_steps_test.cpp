@@ -153,6 +153,51 @@ TEST(WindowSteps, BlockLargerThanTheLimitIsAPartOfItsOwn) {
   EXPECT_TRUE(steps[2].combine);
 }
 
+// Speculating, each scan part but the last merges its own blocks at once (the guess checked at
+// the combine), and the merge's parts after the combine only recheck what a guess got wrong.
+TEST(WindowSteps, SpeculatingScanPartsMergeTheirBlocksAndLaterPartsRecheck) {
+  const Blocking blocking = two_tensors();
+  // Block 0 was merged before (a resumed run): no part merges it.
+  const auto steps =
+      window_steps(blocks(0, 12), blocks(1, 12), footprint_of(blocking), 1200, true, true);
+  ASSERT_EQ(steps.size(), 4u + 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(steps[i].speculative) << i;
+    EXPECT_FALSE(steps[i].combine) << i;
+  }
+  EXPECT_EQ(steps[0].to_merge, blocks(1, 3));
+  EXPECT_EQ(steps[1].to_merge, steps[1].to_scan);
+  EXPECT_EQ(steps[2].to_merge, blocks(6, 9));
+  // The last scanned part merges with the combined thresholds, no guess.
+  EXPECT_TRUE(steps[3].combine);
+  EXPECT_FALSE(steps[3].speculative);
+  EXPECT_EQ(steps[3].to_merge, blocks(9, 12));
+  // The same parts as without speculating follow, each merging only what a check rejects.
+  const auto plain = window_steps(blocks(0, 12), blocks(1, 12), footprint_of(blocking), 1200, true);
+  for (std::size_t i = 4; i < steps.size(); ++i) {
+    EXPECT_TRUE(steps[i].recheck) << i;
+    EXPECT_FALSE(steps[i].speculative || steps[i].combine) << i;
+    EXPECT_TRUE(steps[i].to_scan.empty()) << i;
+    EXPECT_EQ(steps[i].to_merge, plain[i].to_merge) << i;
+    EXPECT_FALSE(plain[i].recheck || plain[i].speculative) << i;
+  }
+  for (const WindowStep& s : plain) EXPECT_FALSE(s.speculative) << "without speculating";
+}
+
+// A share held whole, or scanned in one part, has nothing to guess: one combine, then merges.
+TEST(WindowSteps, SpeculatingChangesNothingWithoutSeveralScanParts) {
+  const Blocking blocking = two_tensors();
+  expect_one_step(
+      window_steps(blocks(0, 12), blocks(0, 12), footprint_of(blocking), 4000, true, true), true,
+      blocks(0, 12), blocks(0, 12));
+  // One scan part (block 11) and merges of blocks no scan holds (thresholds known): no recheck.
+  const auto steps =
+      window_steps(blocks(11, 12), blocks(0, 12), footprint_of(blocking), 1200, true, true);
+  ASSERT_GE(steps.size(), 2u);
+  EXPECT_TRUE(steps[0].combine);
+  for (const WindowStep& s : steps) EXPECT_FALSE(s.speculative || s.recheck);
+}
+
 TEST(HeldRanges, OneRangePerSourceForEachRunOfATensorsBlocks) {
   const Blocking blocking = two_tensors();
   // Blocks 2-4 of "a" (one run), 7 of "a" (another), 10-11 = all of "b" (a third tensor run).

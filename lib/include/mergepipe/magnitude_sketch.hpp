@@ -44,6 +44,10 @@ class MagnitudeSketch {
   float threshold(double density) const;
   // Number of entries an entry-wise `|Δ| >= threshold(d)` keeps.
   std::uint64_t kept_count(float threshold) const;
+  // Number of entries that a TIES trim (|Δ| >= t on the bit patterns, so NaN counts as the
+  // largest) keeps under one of two thresholds of threshold() and drops under the other: those
+  // whose bucket lies between theirs. Zero means both thresholds trim these values alike.
+  std::uint64_t decided_differently(float a, float b) const;
 
   std::uint64_t total() const { return total_; }
   // Sparse form for storage: ascending bucket keys with their counts.

@@ -4,11 +4,14 @@
 // A share that fits in a retained window is one step: read once into memory, scanned, and merged
 // after the ranks have combined the window's sketches. A share larger than that (an embedding
 // matrix: 21 x 311 MB for K = 20 Qwen3-0.6B, 3.3 GB per rank at 2 ranks) is cut into parts that
-// fit, each read with O_DIRECT twice: for the scan, and again for the merge once the tensor's
-// thresholds are known (all but the last part scanned, merged while still in memory). The
-// alternative, reading it through the page cache and then again from the cache, took 12 of the
-// 22.7 s of a cold K = 20 full-read TIES on the test VM, whose page cache path is several times
-// slower than O_DIRECT.
+// fit. Each part is read with O_DIRECT, scanned, and (speculating) merged at once with thresholds
+// guessed from this rank's sketches so far; once the tensor's thresholds are known, a part whose
+// own sketch shows a value that the guess trimmed differently is read again and merged anew
+// (recheck steps), the others are done. A TIES threshold is a bucket edge of the sketch, so a
+// guess from part of a tensor is usually the tensor's own. Without speculating, every part but
+// the last is read twice: for the scan, and for the merge. The alternative to both, reading it
+// through the page cache and then again from the cache, took 12 of the 22.7 s of a cold K = 20
+// full-read TIES on the test VM, whose page cache path is several times slower than O_DIRECT.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -33,6 +36,12 @@ struct WindowStep {
   // The window's sketches are complete after this step's scan: combine them (a collective)
   // before this step's merge. Exactly one step of every window has it.
   bool combine = false;
+  // Merges to_merge right after its scan, before the combine, with thresholds guessed from the
+  // sketches so far; the guess is checked once the window's thresholds are known.
+  bool speculative = false;
+  // After the combine: merges only those of to_merge that no speculative step merged with the
+  // thresholds the combine gave (or that its check could not prove alike); none left: skipped.
+  bool recheck = false;
 };
 
 // The blocks a step reads: those it scans or merges, ascending.
@@ -47,11 +56,13 @@ using BlocksFootprint = std::function<std::uint64_t(std::span<const std::uint32_
 // else held parts of at most `limit` bytes (at least one block each, cut from the end so the
 // last part is a full one): the scan's parts, the last of which also merges its blocks once the
 // sketches are combined (it is still in memory), then the merge's parts of the other blocks.
-// Never empty: a share with nothing to do is one step that only combines.
+// `speculate`: every other scan part also merges its blocks to merge (speculative), and the
+// merge's parts are recheck steps. Never empty: a share with nothing to do is one step that only
+// combines.
 std::vector<WindowStep> window_steps(const std::vector<std::uint32_t>& to_scan,
                                      const std::vector<std::uint32_t>& to_merge,
                                      const BlocksFootprint& footprint, std::uint64_t limit,
-                                     bool hold);
+                                     bool hold, bool speculate = false);
 
 // The byte ranges that hold `blocks` (ascending): one per source for each run of consecutive
 // blocks of a tensor, base first; sources are the base and `experts` experts. A pair with

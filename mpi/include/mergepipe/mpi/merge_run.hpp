@@ -68,6 +68,11 @@ struct MergeRunOptions {
   // false: every TIES window is read twice, and linear and DARE full reads stream whole files,
   // through the page cache
   bool hold_windows = true;
+  // Full-read TIES: parts of a share too large for a window buffer merge right after their scan
+  // with thresholds guessed from the sketches so far, checked once the tensor's are known, and
+  // are read again only where a guess trimmed some value differently (window_steps.hpp).
+  // false: every part but the last is read twice.
+  bool speculative_merge = true;
   // Budgeted merge whose expert files are read around the page cache (`input_io` direct, or
   // auto with a cold file): admitted expert bytes read ahead per piece, in large requests, into
   // memory the merge reads from (lib/held_pieces.hpp); two pieces are in memory at once. 0, or
@@ -102,6 +107,9 @@ struct MergeRunResult {
   // ... and the longest time a rank waited for a held share's reads, and spent combining the
   // windows' sketches (waiting for the slowest rank included).
   double fill_wait_seconds = 0, combine_seconds = 0;
+  // ... and the blocks merged speculatively (with guessed thresholds), of which merged again
+  // because the guess did not hold, summed over ranks.
+  std::uint64_t speculative_blocks = 0, speculative_redone = 0;
   std::uint64_t window_bytes = 0;  // the window size used
   // Budgeted merge, or linear or DARE full read: the piece size used (0: none), pieces merged,
   // of which held in memory, and the expert bytes read into those (summed over ranks).
