@@ -700,7 +700,7 @@ Catalog load_catalog_summary(const std::string& path) {
   return c;
 }
 
-Catalog load_catalog(const std::string& path, const ExpertSelection& only) {
+Catalog load_catalog(const std::string& path, const ExpertSelection& only, bool sketches) {
   const fs::path dir(path);
   const std::string json_path = (dir / kCatalogJsonName).string();
   const std::string h5_path = (dir / kCatalogH5Name).string();
@@ -801,6 +801,7 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only) {
       std::copy(octaves.begin() + b * kNormOctaves, octaves.begin() + (b + 1) * kNormOctaves,
                 s.octave_sumsq.begin());
     }
+    if (!sketches) continue;
     const auto offsets = r.read<std::uint64_t>(g + "/sketch_offsets", nt + 1);
     const auto keys = r.read<std::uint16_t>(g + "/sketch_keys", H5Reader::kAny);
     const auto counts = r.read<std::uint64_t>(g + "/sketch_counts", keys.size());

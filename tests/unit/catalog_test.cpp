@@ -431,6 +431,32 @@ TEST(CatalogStore, LoadsStatisticsOnlyForTheSelectedExperts) {
   for (const ExpertCatalog& e : none.experts) EXPECT_TRUE(e.blocks.empty());
 }
 
+// Without sketches (a merge that does not trim by magnitude), the block statistics are all
+// there and plan the same linear merge; a TIES plan refuses the catalog, naming what is missing.
+TEST(CatalogStore, LoadsWithoutSketchesForMethodsThatDoNotTrim) {
+  TempDir tmp;
+  const Catalog c = synthetic_catalog();
+  const std::string path = tmp.file("cat");
+  io::save_catalog(c, path);
+  const Catalog lean = io::load_catalog(path, std::nullopt, false);
+  ASSERT_EQ(lean.experts.size(), c.experts.size());
+  for (std::size_t k = 0; k < c.experts.size(); ++k) {
+    EXPECT_EQ(lean.experts[k].blocks, c.experts[k].blocks) << k;
+    EXPECT_EQ(lean.experts[k].location, c.experts[k].location) << k;
+    EXPECT_TRUE(lean.experts[k].sketches.empty()) << k;
+    EXPECT_FALSE(c.experts[k].sketches.empty()) << k;
+  }
+  MergeSpec spec;
+  spec.base_model = "/data/base";
+  spec.experts = {{"/data/expert0", 1.0, 0.5}};
+  PlanRequest half;
+  half.budget = Budget::parse("50%");
+  EXPECT_EQ(plan_to_json(make_plan(lean, spec, half)), plan_to_json(make_plan(c, spec, half)));
+  spec.method = MergeMethod::kTies;
+  const std::string msg = error_message<InputError>([&] { make_plan(lean, spec, half); });
+  EXPECT_NE(msg.find("magnitude sketches"), std::string::npos) << msg;
+}
+
 TEST(CatalogStore, RefusesToReplaceAForeignFolder) {
   TempDir tmp;
   fs::create_directories(tmp.file("precious"));
