@@ -404,6 +404,8 @@ MagnitudeSketch MagnitudeSketch::from_sparse(std::span<const std::uint16_t> keys
   if (keys.size() != counts.size())
     throw InputError("magnitude sketch: keys and counts differ in length");
   MagnitudeSketch s;
+  s.keys_.reserve(keys.size());
+  s.counts_.reserve(counts.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (i > 0 && keys[i] <= keys[i - 1])
       throw InputError("magnitude sketch: bucket keys are not ascending");
