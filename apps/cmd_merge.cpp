@@ -122,7 +122,7 @@ MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOp
       o.base_read_ahead ? start_base_read_ahead(spec, ranks, placement) : BaseReadAhead{};
   // Only the experts this merge uses: their statistics, their freshness.
   const Catalog catalog =
-      io::load_catalog(o.catalog, spec.expert_paths(), uses_magnitude_trim(spec.method));
+      io::load_catalog(o.catalog, spec.expert_paths(), io::sketch_load_for(spec));
   pipeline.catalog_bytes = io::catalog_size_bytes(o.catalog);
   io::check_catalog_fresh(catalog, spec.expert_paths());
   const auto t0 = std::chrono::steady_clock::now();

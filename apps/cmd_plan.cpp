@@ -117,7 +117,7 @@ int cmd_plan(CommandContext& ctx) {
     const MergeSpec spec = io::load_merge_config(o.config);
     // Only the experts this merge uses: their statistics, their freshness.
     const Catalog catalog =
-        io::load_catalog(o.catalog, spec.expert_paths(), uses_magnitude_trim(spec.method));
+        io::load_catalog(o.catalog, spec.expert_paths(), io::sketch_load_for(spec));
     io::check_catalog_fresh(catalog, spec.expert_paths());
     const PlanRequest request = plan_request_for(spec, o.budget, o.max_error);
     const auto t0 = std::chrono::steady_clock::now();

@@ -11,9 +11,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <sstream>
+#include <stdexcept>
 
 #include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
@@ -297,7 +299,16 @@ void write_h5(const Catalog& c, const std::string& path) {
     }
     w.dataset<std::uint64_t>(g.get(), "sketch_offsets", gname + "/sketch_offsets", offsets);
     w.dataset<std::uint16_t>(g.get(), "sketch_keys", gname + "/sketch_keys", keys);
-    w.dataset<std::uint64_t>(g.get(), "sketch_counts", gname + "/sketch_counts", counts);
+    // 32-bit counts when every count fits (a tensor of fewer than 2^32 entries): the loader
+    // inflates and copies 6 bytes per bucket instead of 10.
+    if (std::all_of(counts.begin(), counts.end(), [](std::uint64_t n) {
+          return n <= std::numeric_limits<std::uint32_t>::max();
+        })) {
+      const std::vector<std::uint32_t> narrow(counts.begin(), counts.end());
+      w.dataset<std::uint32_t>(g.get(), "sketch_counts", gname + "/sketch_counts", narrow);
+    } else {
+      w.dataset<std::uint64_t>(g.get(), "sketch_counts", gname + "/sketch_counts", counts);
+    }
     write_location(w, g.get(), gname, e.location);
     w.attribute(g.get(), "nonfinite", e.nonfinite, gname);
     w.attribute(g.get(), "dir", e.location.dir, gname);
@@ -338,15 +349,33 @@ class H5Reader {
   static constexpr std::uint64_t kAny = ~0ull;
   template <typename T>
   std::vector<T> read(const std::string& object, std::uint64_t rows, std::uint64_t cols = 0) const {
+    std::vector<T> out;
+    read_into(object, rows, cols, out);
+    return out;
+  }
+  // As read(), into `out`: a buffer reused for one dataset after another keeps its pages, which
+  // a fresh one faults in again, page by page (costly in a VM).
+  template <typename T>
+  void read_into(const std::string& object, std::uint64_t rows, std::uint64_t cols,
+                 std::vector<T>& out) const {
     Handle dset = open(object);
     const std::uint64_t n = check_shape(dset.get(), object, rows, cols);
-    std::vector<T> out(n);
+    out.resize(n);
     if (n > 0) {
       check_status(
           H5Dread(dset.get(), H5Types<T>::mem(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()),
           "H5Dread", where(object));
     }
-    return out;
+  }
+
+  // Bytes per element of an integer dataset as stored (the reader converts on request, but
+  // reading the stored width saves a pass).
+  std::size_t element_bytes(const std::string& object) const {
+    Handle dset = open(object);
+    Handle type = checked(H5Dget_type(dset.get()), Kind::kDatatype, "H5Dget_type", where(object));
+    if (H5Tget_class(type.get()) != H5T_INTEGER)
+      throw InputError(where(object) + ": expected integers");
+    return H5Tget_size(type.get());
   }
 
   std::vector<std::string> read_strings(const std::string& object, std::uint64_t rows) const {
@@ -700,7 +729,18 @@ Catalog load_catalog_summary(const std::string& path) {
   return c;
 }
 
-Catalog load_catalog(const std::string& path, const ExpertSelection& only, bool sketches) {
+SketchLoad sketch_load_for(const MergeSpec& spec) {
+  if (!uses_magnitude_trim(spec.method)) return SketchLoad::none();
+  std::vector<double> densities;
+  for (const ExpertSpec& e : spec.experts) densities.push_back(e.density);
+  return SketchLoad::thresholds(std::move(densities));
+}
+
+Catalog load_catalog(const std::string& path, const ExpertSelection& only,
+                     const SketchLoad& sketches) {
+  using Kind = SketchLoad::Kind;
+  if (sketches.kind == Kind::kThresholds && (!only || only->size() != sketches.densities.size()))
+    throw std::invalid_argument("load_catalog: thresholds need one density per selected folder");
   const fs::path dir(path);
   const std::string json_path = (dir / kCatalogJsonName).string();
   const std::string h5_path = (dir / kCatalogH5Name).string();
@@ -780,6 +820,21 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only, bool 
     c.base_block_hashes = r.read<std::uint64_t>("/base/block_hash", nb);
 
   const std::vector<bool> selected = selected_experts(c, only);
+  // kThresholds: the densities asked of each catalog expert, each once.
+  std::vector<std::vector<double>> densities_of(c.experts.size());
+  if (sketches.kind == Kind::kThresholds) {
+    const std::vector<int> found = c.find_experts(*only);
+    for (std::size_t i = 0; i < found.size(); ++i) {
+      if (found[i] < 0) continue;
+      std::vector<double>& d = densities_of[static_cast<std::size_t>(found[i])];
+      if (std::find(d.begin(), d.end(), sketches.densities[i]) == d.end())
+        d.push_back(sketches.densities[i]);
+    }
+  }
+  std::vector<std::uint64_t> offsets;  // one expert's sketches at a time, in reused buffers
+  std::vector<std::uint16_t> keys;
+  std::vector<std::uint64_t> counts;
+  std::vector<std::uint32_t> narrow_counts;  // as stored, when 32 bits wide
   for (std::size_t k = 0; k < c.experts.size(); ++k) {
     ExpertCatalog& e = c.experts[k];
     const std::string g = "/experts/" + expert_group_name(k);
@@ -801,13 +856,19 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only, bool 
       std::copy(octaves.begin() + b * kNormOctaves, octaves.begin() + (b + 1) * kNormOctaves,
                 s.octave_sumsq.begin());
     }
-    if (!sketches) continue;
-    const auto offsets = r.read<std::uint64_t>(g + "/sketch_offsets", nt + 1);
-    const auto keys = r.read<std::uint16_t>(g + "/sketch_keys", H5Reader::kAny);
-    const auto counts = r.read<std::uint64_t>(g + "/sketch_counts", keys.size());
+    if (sketches.kind == Kind::kNone) continue;
+    r.read_into(g + "/sketch_offsets", nt + 1, 0, offsets);
+    r.read_into(g + "/sketch_keys", H5Reader::kAny, 0, keys);
+    if (r.element_bytes(g + "/sketch_counts") == sizeof(std::uint32_t)) {
+      r.read_into(g + "/sketch_counts", keys.size(), 0, narrow_counts);
+      counts.assign(narrow_counts.begin(), narrow_counts.end());
+    } else {
+      r.read_into(g + "/sketch_counts", keys.size(), 0, counts);
+    }
     if (offsets[0] != 0 || offsets[nt] != keys.size()) {
       throw InputError(r.where(g + "/sketch_offsets") + ": does not span sketch_keys");
     }
+    for (const double d : densities_of[k]) e.thresholds.push_back({d, {}});
     for (std::size_t t = 0; t < nt; ++t) {
       if (offsets[t + 1] < offsets[t]) {
         throw InputError(r.where(g + "/sketch_offsets") + ": decreases at tensor '" +
@@ -816,13 +877,24 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only, bool 
       const std::span<const std::uint16_t> tk(keys.data() + offsets[t],
                                               offsets[t + 1] - offsets[t]);
       const std::span<const std::uint64_t> tc(counts.data() + offsets[t], tk.size());
-      MagnitudeSketch s = MagnitudeSketch::from_sparse(tk, tc);
-      if (s.total() != c.tensors[t].numel()) {
+      std::uint64_t total = 0;
+      try {
+        total = MagnitudeSketch::check_sparse(tk, tc);
+      } catch (const InputError& err) {
+        throw InputError(r.where(g + "/sketch_keys") + ": tensor '" + c.tensors[t].name +
+                         "': " + err.what());
+      }
+      if (total != c.tensors[t].numel()) {
         throw InputError(r.where(g + "/sketch_counts") + ": the sketch of tensor '" +
-                         c.tensors[t].name + "' counts " + std::to_string(s.total()) +
+                         c.tensors[t].name + "' counts " + std::to_string(total) +
                          " entries, the tensor has " + std::to_string(c.tensors[t].numel()));
       }
-      e.sketches.push_back(std::move(s));
+      if (sketches.kind == Kind::kSketches) {
+        e.sketches.push_back(MagnitudeSketch::from_sparse(tk, tc));
+        continue;
+      }
+      for (DensityThresholds& d : e.thresholds)
+        d.by_tensor.push_back(MagnitudeSketch::threshold(tk, tc, total, d.density));
     }
   }
   global_byte_counters().add(ByteCategory::kCatalog,

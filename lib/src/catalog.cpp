@@ -1,11 +1,28 @@
 #include "mergepipe/catalog.hpp"
 
 #include <filesystem>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 
 #include "mergepipe/hash.hpp"
 
 namespace mergepipe {
+
+bool ExpertCatalog::has_trim_thresholds(double density, std::size_t tensors) const {
+  if (sketches.size() == tensors) return true;
+  for (const DensityThresholds& d : thresholds)
+    if (d.density == density && d.by_tensor.size() == tensors) return true;
+  return false;
+}
+
+float ExpertCatalog::trim_threshold(std::size_t tensor, double density) const {
+  for (const DensityThresholds& d : thresholds)
+    if (d.density == density && tensor < d.by_tensor.size()) return d.by_tensor[tensor];
+  if (tensor < sketches.size()) return sketches[tensor].threshold(density);
+  throw std::out_of_range("catalog: no magnitude sketch or threshold of tensor " +
+                          std::to_string(tensor) + " at density " + std::to_string(density));
+}
 
 std::uint64_t Catalog::full_expert_bytes() const {
   std::uint64_t per_expert = 0;

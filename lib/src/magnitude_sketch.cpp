@@ -336,12 +336,19 @@ MagnitudeSketch::sparse_view(std::vector<std::uint16_t>& key_storage,
 }
 
 float MagnitudeSketch::threshold(double density) const {
-  if (density >= 1.0) return 0.0f;
-  const auto k = static_cast<std::uint64_t>(std::floor(density * static_cast<double>(total_)));
-  if (k == 0) return std::numeric_limits<float>::infinity();
+  if (density >= 1.0) return 0.0f;  // before the sparse view, which may have to be combined
   std::vector<std::uint16_t> key_storage;
   std::vector<std::uint64_t> count_storage;
   const auto [keys, counts] = sparse_view(key_storage, count_storage);
+  return threshold(keys, counts, total_, density);
+}
+
+float MagnitudeSketch::threshold(std::span<const std::uint16_t> keys,
+                                 std::span<const std::uint64_t> counts, std::uint64_t total,
+                                 double density) {
+  if (density >= 1.0) return 0.0f;
+  const auto k = static_cast<std::uint64_t>(std::floor(density * static_cast<double>(total)));
+  if (k == 0) return std::numeric_limits<float>::infinity();
   std::uint64_t seen = 0;
   for (std::size_t i = keys.size(); i-- > 0;) {
     seen += counts[i];
@@ -399,20 +406,31 @@ bool MagnitudeSketch::operator==(const MagnitudeSketch& other) const {
   return ka == kb && ca == cb;
 }
 
-MagnitudeSketch MagnitudeSketch::from_sparse(std::span<const std::uint16_t> keys,
-                                             std::span<const std::uint64_t> counts) {
+std::uint64_t MagnitudeSketch::check_sparse(std::span<const std::uint16_t> keys,
+                                            std::span<const std::uint64_t> counts) {
   if (keys.size() != counts.size())
     throw InputError("magnitude sketch: keys and counts differ in length");
-  MagnitudeSketch s;
-  s.keys_.reserve(keys.size());
-  s.counts_.reserve(counts.size());
+  std::uint64_t total = 0;
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (i > 0 && keys[i] <= keys[i - 1])
       throw InputError("magnitude sketch: bucket keys are not ascending");
+    if (counts[i] > std::numeric_limits<std::uint64_t>::max() - total)
+      throw InputError("magnitude sketch: counts overflow 64 bits");
+    total += counts[i];
+  }
+  return total;
+}
+
+MagnitudeSketch MagnitudeSketch::from_sparse(std::span<const std::uint16_t> keys,
+                                             std::span<const std::uint64_t> counts) {
+  MagnitudeSketch s;
+  s.total_ = check_sparse(keys, counts);
+  s.keys_.reserve(keys.size());
+  s.counts_.reserve(counts.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
     if (counts[i] == 0) continue;
     s.keys_.push_back(keys[i]);
     s.counts_.push_back(counts[i]);
-    s.total_ += counts[i];
   }
   return s;
 }

@@ -16,8 +16,9 @@ std::string num(double v) {
 }
 
 // Every shape the planner indexes must agree, or the catalog is corrupt.
+// `densities`: each spec expert's density when the plan trims by magnitude, else empty.
 void check_catalog_shape(const Catalog& catalog, const std::vector<std::uint32_t>& catalog_expert,
-                         bool needs_sketches) {
+                         const std::vector<double>& densities) {
   const std::size_t blocks = catalog.block_count();
   for (const Block& blk : catalog.blocking.blocks) {
     if (blk.tensor >= catalog.tensors.size()) {
@@ -25,14 +26,14 @@ void check_catalog_shape(const Catalog& catalog, const std::vector<std::uint32_t
                        std::to_string(catalog.tensors.size()));
     }
   }
-  for (std::uint32_t ce : catalog_expert) {
-    const ExpertCatalog& e = catalog.experts[ce];
+  for (std::size_t k = 0; k < catalog_expert.size(); ++k) {
+    const ExpertCatalog& e = catalog.experts[catalog_expert[k]];
     if (e.blocks.size() != blocks) {
       throw InputError("catalog: expert '" + e.location.dir + "' has statistics for " +
                        std::to_string(e.blocks.size()) + " blocks, the blocking has " +
                        std::to_string(blocks));
     }
-    if (needs_sketches && e.sketches.size() != catalog.tensors.size()) {
+    if (!densities.empty() && !e.has_trim_thresholds(densities[k], catalog.tensors.size())) {
       throw InputError("catalog: expert '" + e.location.dir + "' has " +
                        std::to_string(e.sketches.size()) + " magnitude sketches for " +
                        std::to_string(catalog.tensors.size()) + " tensors");
@@ -76,7 +77,10 @@ double trimmed_norm_estimate(const BlockStats& stats, float threshold) {
 PairGains compute_pair_gains(const Catalog& catalog, const MergeSpec& spec,
                              const std::vector<std::uint32_t>& catalog_expert) {
   const bool trims = uses_magnitude_trim(spec.method);
-  check_catalog_shape(catalog, catalog_expert, trims);
+  std::vector<double> densities;
+  if (trims)
+    for (const auto& x : spec.experts) densities.push_back(x.density);
+  check_catalog_shape(catalog, catalog_expert, densities);
   const Coefficients coefficients = additive_coefficients(spec);
   PairGains g;
   g.experts = spec.experts.size();
@@ -90,7 +94,7 @@ PairGains compute_pair_gains(const Catalog& catalog, const MergeSpec& spec,
     const double density = spec.experts[k].density;
     if (trims) {
       for (std::size_t t = 0; t < tensors; ++t)
-        g.thresholds[k * tensors + t] = e.sketches[t].threshold(density);
+        g.thresholds[k * tensors + t] = e.trim_threshold(t, density);
     }
     // DARE keeps each entry with probability d and scales it by 1/d: E‖Δ'‖² = ‖Δ‖²/d.
     const double dare_scale = uses_dare(spec.method) ? 1.0 / std::sqrt(density) : 1.0;

@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "mergepipe/io/catalog_prefetch.hpp"
 #include "mergepipe/io/catalog_store.hpp"
 #include "mergepipe/io/file.hpp"
+#include "mergepipe/io/hdf5_handle.hpp"
 #include "mergepipe/io/safetensors.hpp"
 #include "mergepipe/merge_spec.hpp"
 #include "mergepipe/planner.hpp"
@@ -396,6 +398,54 @@ TEST(CatalogStore, RoundTripKeepsEveryField) {
   expect_same_catalog(smaller, io::load_catalog(path));
 }
 
+// Sketch counts are stored in 32 bits when they fit and in 64 when a tensor has 2^32 entries or
+// more; both load back exactly, as sketches and as thresholds.
+TEST(CatalogStore, KeepsSketchCountsOfTensorsBeyond32Bits) {
+  TempDir tmp;
+  Catalog c = synthetic_catalog();
+  c.tensors[1].shape = {std::uint64_t{1} << 17, std::uint64_t{1} << 16};  // 2^33 fp32 entries
+  c.blocking = make_blocking(c.tensors, std::uint64_t{1} << 30);
+  c.base_block_hashes.resize(c.block_count(), 7);
+  for (CheckpointLocation* loc : {&c.base, &c.experts[0].location, &c.experts[1].location})
+    for (FileIdentity& f : loc->files) f.size = std::uint64_t{1} << 40;
+  for (ExpertCatalog& e : c.experts) {
+    e.blocks.resize(c.block_count(), e.blocks[0]);
+    MagnitudeSketch big;
+    const float spikes[] = {0.5f, -0.25f, 3.0f};
+    big.add(spikes, 3);
+    big.add_zeros(c.tensors[1].numel() - 3);
+    e.sketches[1] = big;
+  }
+  // Expert 1 spreads the same total over buckets that each fit in 32 bits.
+  const std::uint64_t most = std::numeric_limits<std::uint32_t>::max();
+  c.experts[1].sketches[1] = MagnitudeSketch::from_sparse(
+      std::vector<std::uint16_t>{0, 0x3f00, 0x3f80},
+      std::vector<std::uint64_t>{most, most, (std::uint64_t{1} << 33) - 2 * most});
+  const std::string path = tmp.file("cat");
+  io::save_catalog(c, path);
+  const Catalog back = io::load_catalog(path);
+  expect_same_catalog(c, back);
+  EXPECT_EQ(back.experts[0].sketches[1].total(), std::uint64_t{1} << 33);
+  EXPECT_EQ(back.experts[1].sketches[1].total(), std::uint64_t{1} << 33);
+  const Catalog lean = io::load_catalog(path, std::vector<std::string>{"/data/expert0"},
+                                        io::SketchLoad::thresholds({0.9}));
+  ASSERT_EQ(lean.experts[0].thresholds.size(), 1u);
+  EXPECT_EQ(lean.experts[0].thresholds[0].by_tensor[1], c.experts[0].sketches[1].threshold(0.9));
+
+  // The stored widths.
+  io::h5::Handle file(H5Fopen((path + "/catalog.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT),
+                      io::h5::Kind::kFile);
+  ASSERT_GE(file.get(), 0);
+  for (const auto& [group, bytes] :
+       {std::pair{"/experts/000", 8u}, std::pair{"/experts/001", 4u}}) {
+    io::h5::Handle dset(
+        H5Dopen2(file.get(), (std::string(group) + "/sketch_counts").c_str(), H5P_DEFAULT),
+        io::h5::Kind::kDataset);
+    io::h5::Handle type(H5Dget_type(dset.get()), io::h5::Kind::kDatatype);
+    EXPECT_EQ(H5Tget_size(type.get()), bytes) << group;
+  }
+}
+
 TEST(CatalogStore, LoadsStatisticsOnlyForTheSelectedExperts) {
   TempDir tmp;
   const Catalog c = synthetic_catalog();
@@ -438,7 +488,7 @@ TEST(CatalogStore, LoadsWithoutSketchesForMethodsThatDoNotTrim) {
   const Catalog c = synthetic_catalog();
   const std::string path = tmp.file("cat");
   io::save_catalog(c, path);
-  const Catalog lean = io::load_catalog(path, std::nullopt, false);
+  const Catalog lean = io::load_catalog(path, std::nullopt, io::SketchLoad::none());
   ASSERT_EQ(lean.experts.size(), c.experts.size());
   for (std::size_t k = 0; k < c.experts.size(); ++k) {
     EXPECT_EQ(lean.experts[k].blocks, c.experts[k].blocks) << k;
@@ -455,6 +505,77 @@ TEST(CatalogStore, LoadsWithoutSketchesForMethodsThatDoNotTrim) {
   spec.method = MergeMethod::kTies;
   const std::string msg = error_message<InputError>([&] { make_plan(lean, spec, half); });
   EXPECT_NE(msg.find("magnitude sketches"), std::string::npos) << msg;
+}
+
+// A TIES plan loads one threshold per (expert, tensor) and density instead of the sketches:
+// each equals the sketch's threshold bit for bit, a folder listed twice gets both densities,
+// and the plan is the one the sketches give.
+TEST(CatalogStore, LoadsTheThresholdsATiesPlanNeeds) {
+  TempDir tmp;
+  const Catalog c = synthetic_catalog();
+  const std::string path = tmp.file("cat");
+  io::save_catalog(c, path);
+  const std::vector<std::string> dirs = {"/data/expert1", "/data/expert0", "/data/expert1"};
+  const std::vector<double> densities = {0.3, 0.5, 0.9};
+  const Catalog lean = io::load_catalog(path, dirs, io::SketchLoad::thresholds(densities));
+  ASSERT_EQ(lean.experts.size(), 2u);
+  const std::vector<std::vector<double>> wanted = {{0.5}, {0.3, 0.9}};  // by catalog expert
+  for (std::size_t k = 0; k < 2; ++k) {
+    const ExpertCatalog& e = lean.experts[k];
+    EXPECT_TRUE(e.sketches.empty()) << k;
+    EXPECT_EQ(e.blocks, c.experts[k].blocks) << k;
+    ASSERT_EQ(e.thresholds.size(), wanted[k].size()) << k;
+    for (std::size_t i = 0; i < wanted[k].size(); ++i) {
+      const DensityThresholds& d = e.thresholds[i];
+      EXPECT_EQ(d.density, wanted[k][i]);
+      ASSERT_EQ(d.by_tensor.size(), c.tensors.size());
+      for (std::size_t t = 0; t < c.tensors.size(); ++t) {
+        const float expected = c.experts[k].sketches[t].threshold(d.density);
+        EXPECT_EQ(std::bit_cast<std::uint32_t>(d.by_tensor[t]),
+                  std::bit_cast<std::uint32_t>(expected))
+            << "expert " << k << " tensor " << t << " density " << d.density;
+        EXPECT_EQ(e.trim_threshold(t, d.density), expected);
+      }
+    }
+  }
+  // Some of these thresholds must differ, or the comparison above proves little.
+  const std::vector<float>& low = lean.experts[1].thresholds[0].by_tensor;
+  const std::vector<float>& high = lean.experts[1].thresholds[1].by_tensor;
+  EXPECT_NE(low, high);
+
+  MergeSpec spec;
+  spec.method = MergeMethod::kTies;
+  spec.base_model = "/data/base";
+  spec.experts = {{"/data/expert0", 1.0, 0.5}, {"/data/expert0", 2.0, 0.5}};
+  PlanRequest half;
+  half.budget = Budget::parse("50%");
+  EXPECT_EQ(plan_to_json(make_plan(lean, spec, half)), plan_to_json(make_plan(c, spec, half)));
+  // A density that was not loaded is refused, not guessed.
+  spec.experts[1].density = 0.25;
+  const std::string msg = error_message<InputError>([&] { make_plan(lean, spec, half); });
+  EXPECT_NE(msg.find("expert '/data/expert0' has 0 magnitude sketches"), std::string::npos) << msg;
+  EXPECT_THROW(lean.experts[0].trim_threshold(0, 0.25), std::out_of_range);
+  // One density per selected folder, or the call is wrong.
+  EXPECT_THROW(io::load_catalog(path, dirs, io::SketchLoad::thresholds({0.5})),
+               std::invalid_argument);
+  EXPECT_THROW(io::load_catalog(path, std::nullopt, io::SketchLoad::thresholds({})),
+               std::invalid_argument);
+}
+
+// io::sketch_load_for: thresholds at the experts' densities for TIES, nothing for the others.
+TEST(CatalogStore, SketchLoadFollowsTheMethod) {
+  MergeSpec spec;
+  spec.base_model = "/data/base";
+  spec.experts = {{"/data/expert0", 1.0, 0.4}, {"/data/expert1", 1.0, 0.7}};
+  for (const MergeMethod m : {MergeMethod::kLinear, MergeMethod::kTaskArithmetic,
+                              MergeMethod::kDareLinear, MergeMethod::kDareTies}) {
+    spec.method = m;
+    EXPECT_EQ(io::sketch_load_for(spec).kind, io::SketchLoad::Kind::kNone);
+  }
+  spec.method = MergeMethod::kTies;
+  const io::SketchLoad load = io::sketch_load_for(spec);
+  EXPECT_EQ(load.kind, io::SketchLoad::Kind::kThresholds);
+  EXPECT_EQ(load.densities, (std::vector<double>{0.4, 0.7}));
 }
 
 TEST(CatalogStore, RefusesToReplaceAForeignFolder) {
@@ -487,6 +608,57 @@ TEST(CatalogStore, CorruptContentIsAnInputError) {
   EXPECT_NE(msg.find("describe different catalogs"), std::string::npos) << msg;
   msg = error_message<InputError>([&] { io::load_catalog(tmp.file("nothing")); });
   EXPECT_NE(msg.find("no such catalog folder"), std::string::npos) << msg;
+}
+
+// A damaged sketch (keys out of order, counts that do not add up to the tensor) is refused
+// whichever way the sketches are loaded, naming the file, the dataset and the tensor.
+TEST(CatalogStore, DamagedSketchesAreAnInputError) {
+  TempDir tmp;
+  const Catalog c = synthetic_catalog();
+  const std::string path = tmp.file("cat");
+  io::save_catalog(c, path);
+  const std::string h5 = path + "/catalog.h5";
+  const auto rewrite = [&](const char* dataset, auto change) {
+    io::h5::Handle file(H5Fopen(h5.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), io::h5::Kind::kFile);
+    ASSERT_GE(file.get(), 0);
+    io::h5::Handle dset(H5Dopen2(file.get(), dataset, H5P_DEFAULT), io::h5::Kind::kDataset);
+    ASSERT_GE(dset.get(), 0);
+    io::h5::Handle space(H5Dget_space(dset.get()), io::h5::Kind::kDataspace);
+    std::vector<std::uint64_t> values(
+        static_cast<std::size_t>(H5Sget_simple_extent_npoints(space.get())));
+    ASSERT_GE(H5Dread(dset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()),
+              0);
+    change(values);
+    ASSERT_GE(H5Dwrite(dset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()),
+              0);
+  };
+  const std::vector<std::string> dirs = {"/data/expert0"};
+  const auto load_errors = [&] {
+    std::vector<std::string> messages;
+    messages.push_back(error_message<InputError>([&] { io::load_catalog(path); }));
+    messages.push_back(error_message<InputError>(
+        [&] { io::load_catalog(path, dirs, io::SketchLoad::thresholds({0.5})); }));
+    return messages;
+  };
+  ASSERT_GE(c.experts[0].sketches[0].keys().size(), 2u);
+  rewrite("/experts/000/sketch_keys",
+          [](std::vector<std::uint64_t>& keys) { std::swap(keys[0], keys[1]); });
+  for (const std::string& msg : load_errors()) {
+    EXPECT_NE(msg.find("catalog.h5:/experts/000/sketch_keys: tensor 'model.embed_tokens.weight'"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("bucket keys are not ascending"), std::string::npos) << msg;
+  }
+  rewrite("/experts/000/sketch_keys",
+          [](std::vector<std::uint64_t>& keys) { std::swap(keys[0], keys[1]); });
+  EXPECT_NO_THROW(io::load_catalog(path));
+  rewrite("/experts/000/sketch_counts", [](std::vector<std::uint64_t>& counts) { ++counts[0]; });
+  for (const std::string& msg : load_errors()) {
+    EXPECT_NE(msg.find("catalog.h5:/experts/000/sketch_counts: the sketch of tensor "
+                       "'model.embed_tokens.weight' counts 25 entries, the tensor has 24"),
+              std::string::npos)
+        << msg;
+  }
 }
 
 TEST(CatalogStore, DescribeNamesTheParts) {
@@ -570,6 +742,7 @@ TEST(CatalogStore, ReadableWithH5py) {
            "/experts/001/block_octaves (" + nb + ", 48) float32",
            "/experts/001/sketch_offsets (" + std::to_string(c.tensors.size() + 1) + ",) uint64",
            "/experts/000/sketch_keys (" + std::to_string(keys0) + ",) uint16",
+           "/experts/000/sketch_counts (" + std::to_string(keys0) + ",) uint32",
            "/base/tensor_offset (" + nt + ",) uint64",
            "tensor 0 model.embed_tokens.weight BF16 [6, 4]", "tensor 3 scalar F32 []"}) {
     EXPECT_NE(out.find(line + "\n"), std::string::npos) << "missing line '" << line << "' in:\n"

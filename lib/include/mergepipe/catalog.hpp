@@ -40,12 +40,28 @@ struct CheckpointLocation {
   bool operator==(const CheckpointLocation&) const = default;
 };
 
+// An expert's TIES threshold of every tensor at one density.
+struct DensityThresholds {
+  double density = 1.0;
+  std::vector<float> by_tensor;  // MagnitudeSketch::threshold(density) of each tensor's sketch
+  bool operator==(const DensityThresholds&) const = default;
+};
+
 struct ExpertCatalog {
   CheckpointLocation location;
   std::vector<BlockStats> blocks;         // per block of the shared blocking
   std::vector<MagnitudeSketch> sketches;  // per tensor: |Δ| histogram (TIES/DARE thresholds)
-  std::uint64_t nonfinite = 0;            // NaN/Inf entries seen in this expert
+  // What a plan needs of the sketches, when a load computed it instead of keeping them: a few
+  // KiB per (expert, tensor) that a plan reduces to one float (see io::SketchLoad).
+  std::vector<DensityThresholds> thresholds;
+  std::uint64_t nonfinite = 0;  // NaN/Inf entries seen in this expert
   bool operator==(const ExpertCatalog&) const = default;
+
+  // Whether trim_threshold(t, density) is known for every tensor of `tensors`.
+  bool has_trim_thresholds(double density, std::size_t tensors) const;
+  // The TIES threshold of tensor t at `density`: from `thresholds` when loaded for it, else from
+  // the tensor's sketch. std::out_of_range when neither is there.
+  float trim_threshold(std::size_t tensor, double density) const;
 };
 
 struct Catalog {

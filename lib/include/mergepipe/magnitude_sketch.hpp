@@ -42,6 +42,10 @@ class MagnitudeSketch {
   // the k-th largest |Δ|; keep entries with |Δ| >= t (this keeps at least k). d >= 1 gives 0
   // (keep everything); k == 0 gives +infinity (keep nothing).
   float threshold(double density) const;
+  // threshold() of a sketch in sparse form (ascending keys, counts summing to `total`), without
+  // building it: a plan needs one threshold per sketch, not the sketch.
+  static float threshold(std::span<const std::uint16_t> keys, std::span<const std::uint64_t> counts,
+                         std::uint64_t total, double density);
   // Number of entries an entry-wise `|Δ| >= threshold(d)` keeps.
   std::uint64_t kept_count(float threshold) const;
   // Number of entries that a TIES trim (|Δ| >= t on the bit patterns, so NaN counts as the
@@ -55,6 +59,10 @@ class MagnitudeSketch {
   std::vector<std::uint64_t> counts() const;
   static MagnitudeSketch from_sparse(std::span<const std::uint16_t> keys,
                                      std::span<const std::uint64_t> counts);
+  // The total count of a sparse form; InputError unless the keys ascend strictly, the lengths
+  // agree and the sum fits in 64 bits (what from_sparse accepts).
+  static std::uint64_t check_sparse(std::span<const std::uint16_t> keys,
+                                    std::span<const std::uint64_t> counts);
   bool operator==(const MagnitudeSketch& other) const;
 
   // Keys counted with vector compares instead of one increment each (see count()).

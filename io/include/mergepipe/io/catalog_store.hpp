@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mergepipe/catalog.hpp"
+#include "mergepipe/merge_spec.hpp"
 
 namespace mergepipe::io {
 
@@ -19,16 +21,42 @@ inline constexpr const char* kCatalogJsonName = "catalog.json";
 // means every expert.
 using ExpertSelection = std::optional<std::vector<std::string>>;
 
+// What load_catalog makes of the selected experts' magnitude sketches. Only a TIES plan uses
+// them, and it needs one threshold per sketch. Building and keeping every sketch of the K = 20
+// Qwen3-0.6B family (58 MB of sparse lists, first-touched page by page) made a cold merge's
+// catalog phase 0.22-0.28 s; computing the thresholds from buffers reused expert after expert,
+// with 32-bit counts in the file, 0.14-0.20 s (8 alternated runs each; 0.08 s without sketches).
+struct SketchLoad {
+  enum class Kind {
+    kNone,        // no sketches (methods that do not trim)
+    kSketches,    // every sketch, as ExpertCatalog::sketches
+    kThresholds,  // ExpertCatalog::thresholds at the densities below, no sketches
+  };
+  Kind kind = Kind::kSketches;
+  // kThresholds: the density of each folder of the selection, in its order (a folder listed
+  // twice may have two).
+  std::vector<double> densities;
+
+  static SketchLoad none() { return {Kind::kNone, {}}; }
+  static SketchLoad sketches() { return {Kind::kSketches, {}}; }
+  static SketchLoad thresholds(std::vector<double> densities) {
+    return {Kind::kThresholds, std::move(densities)};
+  }
+};
+
+// What a plan of `spec` needs: the thresholds at its experts' densities for a method that trims
+// by magnitude (in the order of spec.expert_paths()), else no sketches.
+SketchLoad sketch_load_for(const MergeSpec& spec);
+
 // Reads a catalog folder. Throws InputError when content is missing, malformed or inconsistent
 // (naming the file and the dataset), IoError when the storage fails. Counts the bytes of both
 // files under ByteCategory::kCatalog.
 // With a selection, every expert's location is read but block statistics and magnitude sketches
 // only for the selected ones; the others are left without (the planner refuses to use them). A
 // merge of 2 experts from a catalog of 20 then skips inflating 18 experts' sketches (0.3 s).
-// Without `sketches` no expert gets its magnitude sketches: only a TIES plan reads them, and
-// the K = 20 Qwen3-0.6B family's 1.8 M buckets took 0.2 of a 0.25 s load to inflate.
+// SketchLoad::thresholds needs a selection with one density per folder (std::invalid_argument).
 Catalog load_catalog(const std::string& path, const ExpertSelection& only = std::nullopt,
-                     bool sketches = true);
+                     const SketchLoad& sketches = SketchLoad::sketches());
 
 // selected[k]: expert k of `c` is in `only` (every expert when there is no selection).
 std::vector<bool> selected_experts(const Catalog& c, const ExpertSelection& only);
