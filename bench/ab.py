@@ -11,9 +11,10 @@ alternately so the machine's drift hits both alike. Standard library only.
   bench/ab.py ... --budget 100% --warm --ranks 1 --a build/bin/mergepipe --a-args \
       "--io-threads 8" --b build/bin/mergepipe --reps 4
 
-Needs the family's catalog at FAM.catalog (bench/run.py makes both). Prints one line per run and
-the medians of the wall and merge times; --budget full runs --full-read. --warm: the inputs are
-read into the page cache before each run instead of evicted, and the output goes to tmpfs
+Needs the family's catalog at FAM.catalog (bench/run.py makes both), or one per side with
+--a-catalog and --b-catalog (two catalog formats side by side). Prints one line per run and the
+medians of the wall and merge times; --budget full runs --full-read. --warm: the inputs are read
+into the page cache before each run instead of evicted, and the output goes to tmpfs
 (/dev/shm), as in run.py's warm suite: compute-bound runs, compared by their merge time.
 """
 import argparse
@@ -47,6 +48,8 @@ def main():
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--a-mpirun-args", default="", help="mpirun options of A, e.g. '--bind-to none'")
     p.add_argument("--b-mpirun-args", default="", help="mpirun options of B")
+    p.add_argument("--a-catalog", default="", help="catalog folder of A (default: FAM.catalog)")
+    p.add_argument("--b-catalog", default="", help="catalog folder of B")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--warm", action="store_true",
                    help="inputs in the page cache, output on tmpfs (instead of cold, on disk)")
@@ -69,18 +72,19 @@ def main():
     walls = {"A": [], "B": []}
     merges = {"A": [], "B": []}
     for rep in range(a.reps):
-        runs = (("A", a.a, a.a_args, a.a_mpirun_args), ("B", a.b, a.b_args, a.b_mpirun_args))
-        for name, exe, extra, launch in runs if rep % 2 == 0 else runs[::-1]:
+        runs = (("A", a.a, a.a_args, a.a_mpirun_args, a.a_catalog or fam + ".catalog"),
+                ("B", a.b, a.b_args, a.b_mpirun_args, a.b_catalog or fam + ".catalog"))
+        for name, exe, extra, launch, catalog in runs if rep % 2 == 0 else runs[::-1]:
             shutil.rmtree(out, ignore_errors=True)
             if a.warm:
                 with open(os.devnull, "wb") as null:
                     subprocess.run(["cat", *inputs], stdout=null, check=True)
             else:
-                subprocess.run([a.reader, "--evict", fam, fam + ".catalog"], check=True)
+                subprocess.run([a.reader, "--evict", fam, catalog], check=True)
             cmd = ["mpirun", "-np", str(a.ranks), *launch.split(), exe, "merge", cfg,
                    "--out", out, "--quiet",
                    *extra.split()]
-            cmd += ["--full-read"] if a.budget == "full" else ["--catalog", fam + ".catalog",
+            cmd += ["--full-read"] if a.budget == "full" else ["--catalog", catalog,
                                                                "--budget", a.budget]
             t0 = time.monotonic()
             subprocess.run(cmd, env=ENV, check=True)
