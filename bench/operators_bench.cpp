@@ -81,11 +81,25 @@ double best_seconds(int reps, F&& f) {
   return best;
 }
 
+// A whole positive number, or 0 when `text` is anything else.
+long positive(const char* text) {
+  char* end = nullptr;
+  const long n = std::strtol(text, &end, 10);
+  return end != text && *end == '\0' && n > 0 ? n : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::size_t experts = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 20;
-  const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
+  const long experts_arg = argc > 1 ? positive(argv[1]) : 20;
+  const long reps_arg = argc > 2 ? positive(argv[2]) : 5;
+  if (argc > 3 || experts_arg <= 0 || experts_arg > 256 || reps_arg <= 0) {
+    std::fprintf(stderr,
+                 "usage: operators_bench [EXPERTS (1-256, default 20)] [REPS (default 5)]\n");
+    return 2;
+  }
+  const auto experts = static_cast<std::size_t>(experts_arg);
+  const int reps = static_cast<int>(reps_arg);
   const Family f = make_family(experts, kBlockElems);
   const double in_bytes_per_elem = 2.0 * static_cast<double>(experts + 1);
   std::vector<float> out(kBlockElems);
