@@ -96,10 +96,11 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
       "read-size", po::value(&text.read_size)->default_value("128KiB"),
       "blocks are merged in slices of this size (and read so when not held in pieces)")(
       "expert-piece-size", po::value(&text.expert_piece_size)->default_value("64MiB"),
-      "budgeted merge with experts read by O_DIRECT: admitted expert bytes read ahead into "
-      "memory per piece, in 4 MiB requests, while the previous piece merges (0 or off: read "
-      "each slice as it merges, as with experts read through the page cache; a linear or DARE "
-      "--full-read uses 256 MiB pieces)")(
+      "budgeted merge with experts read by O_DIRECT: admitted expert bytes and their blocks' "
+      "base bytes read ahead into memory per piece, in 4 MiB requests, while the previous "
+      "piece merges (0 or off: read each slice as it merges, the base through the page cache, "
+      "as with experts read through the page cache; a linear or DARE --full-read uses 256 MiB "
+      "pieces)")(
       "force", po::bool_switch(&options.force),
       "replace an existing output folder (the new one is complete before the old one goes)")(
       "allow-nonfinite", po::bool_switch(&options.allow_nonfinite),

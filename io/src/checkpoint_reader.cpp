@@ -53,13 +53,23 @@ CheckpointBlockReader::Opened CheckpointBlockReader::open(const CheckpointLocati
   return opened;
 }
 
+void CheckpointBlockReader::stream_base_through_cache() {
+  for (std::size_t i = 0; i < base_.files.size(); ++i) {
+    base_.direct[i] = File();
+    base_.files[i].advise_sequential();
+  }
+}
+
 std::size_t CheckpointBlockReader::direct_files() const {
+  std::size_t n = direct_expert_files();
+  for (const File& f : base_.direct) n += f.is_open() ? 1 : 0;
+  return n;
+}
+
+std::size_t CheckpointBlockReader::direct_expert_files() const {
   std::size_t n = 0;
-  auto count = [&n](const Opened& o) {
+  for (const Opened& o : experts_)
     for (const File& f : o.direct) n += f.is_open() ? 1 : 0;
-  };
-  count(base_);
-  for (const Opened& o : experts_) count(o);
   return n;
 }
 

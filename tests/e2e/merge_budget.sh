@@ -61,11 +61,11 @@ run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-direct --quiet
 d=m25-direct/mergepipe.manifest.json
 [[ "$(json_get $d input_io.mode)" == auto ]] || fail "manifest input_io.mode is not auto"
 [[ "$(json_get $d base_read_ahead.bytes)" -eq 0 ]] || fail "the base was read ahead without --base-read-ahead"
-# Each of the 2 ranks opens every shard of the base and the 6 experts; the budgeted experts'
-# are read directly, the base (read whole, with the kernel's read-ahead) through the cache.
+# Each of the 2 ranks opens every shard of the base and the 6 experts, and reads them all
+# directly: the admitted expert blocks and, held in the same pieces, the base.
 shards=$(ls fam/expert00/*.safetensors | wc -l)
 [[ "$(json_get $d input_io.files)" -eq $((2 * 7 * shards)) ]] || fail "input_io.files $(json_get $d input_io.files) != $((2 * 7 * shards))"
-[[ "$(json_get $d input_io.direct_files)" -eq $((2 * 6 * shards)) ]] || fail "cold experts not read directly: $(json_get $d input_io.direct_files) of $((2 * 6 * shards))"
+[[ "$(json_get $d input_io.direct_files)" -eq $((2 * 7 * shards)) ]] || fail "cold inputs not read directly: $(json_get $d input_io.direct_files) of $((2 * 7 * shards))"
 [[ "$(json_get $d io_threads)" -eq 8 ]] || fail "cold experts read by $(json_get $d io_threads) readers, not 8"
 [[ "$(json_get $d bytes_read.expert)" -eq "$planned" ]] || fail "direct run read $(json_get $d bytes_read.expert) expert bytes, planned $planned"
 [[ "$(json_get $m outputs.tensor_hashes)" == "$(json_get $d outputs.tensor_hashes)" ]] || fail "direct and buffered reads merged different bytes"
@@ -75,6 +75,11 @@ header_window=$((headers + $(expert_files | wc -l) * 2 * 4096))
 left=$(cached $(expert_files))
 echo "expert bytes in page cache after the direct merge: $left (headers with read-ahead $header_window)"
 [[ "$before" -ne 0 || "$left" -le "$header_window" ]] || fail "direct reads left $left expert bytes in the page cache (headers $header_window)"
+# The base too: its header, not its tensors (it is read whole, and is larger than that).
+base_left=$(cached fam/base/*.safetensors)
+base_bytes=$(cat fam/base/*.safetensors | wc -c)
+echo "base bytes in page cache after the direct merge: $base_left of $base_bytes"
+[[ "$before" -ne 0 || "$base_left" -lt $((base_bytes / 4)) ]] || fail "the base went through the page cache: $base_left of $base_bytes bytes cached"
 # The admitted expert blocks were read ahead in pieces held in memory (every admitted byte: no
 # block's admitted bytes come near 64 MiB); without pieces, the same bytes.
 "$PYTHON" - "$d" "$planned" <<'PY' || fail "manifest expert_pieces wrong"
@@ -87,6 +92,8 @@ PY
 run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-slices --expert-piece-size 0 --quiet
 s=m25-slices/mergepipe.manifest.json
 [[ "$(json_get $s expert_pieces.pieces)" -eq 0 && "$(json_get $s bytes_read.expert)" -eq "$planned" ]] || fail "--expert-piece-size 0: $(json_get $s expert_pieces.pieces) pieces, $(json_get $s bytes_read.expert) expert bytes"
+# Without pieces the base streams through the page cache, with read-ahead.
+[[ "$(json_get $s input_io.direct_files)" -eq $((2 * 6 * shards)) ]] || fail "--expert-piece-size 0: $(json_get $s input_io.direct_files) direct files, not the experts' $((2 * 6 * shards))"
 [[ "$(json_get $s outputs.tensor_hashes)" == "$(json_get $d outputs.tensor_hashes)" ]] || fail "merging from held pieces changed the output"
 # Every input in the cache: one reader (copies from memory), unless asked for more.
 # (Once more if a shard left the cache in between: the page cache promises nothing. One CI run
@@ -105,7 +112,7 @@ done
 run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-warm4 --io-threads 4 --quiet
 [[ "$(json_get m25-warm4/mergepipe.manifest.json io_threads)" -eq 4 ]] || fail "--io-threads 4 not used"
 run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-forced --input-io direct --quiet
-[[ "$(json_get m25-forced/mergepipe.manifest.json input_io.direct_files)" -eq $((2 * 6 * shards)) ]] || fail "--input-io direct did not read the experts directly"
+[[ "$(json_get m25-forced/mergepipe.manifest.json input_io.direct_files)" -eq $((2 * 7 * shards)) ]] || fail "--input-io direct did not read the inputs directly"
 [[ "$(json_get m25-forced/mergepipe.manifest.json io_threads)" -eq 8 ]] || fail "--input-io direct: $(json_get m25-forced/mergepipe.manifest.json io_threads) readers, not 8"
 
 # A budgeted merge's output shards have their whole pages written with O_DIRECT by default

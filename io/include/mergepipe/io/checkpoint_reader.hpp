@@ -26,14 +26,19 @@ class CheckpointBlockReader : public BlockReader {
  public:
   // `experts[k]` is expert k in plan order. Opens every shard read-only.
   // kHeldWindows: the base and the experts are read in large ranges into memory that is kept
-  // (RetainedWindow), all through O_DIRECT as `input_io` says, none with read-ahead.
+  // (RetainedWindow, held pieces), all through O_DIRECT as `input_io` says, none with
+  // read-ahead. kExactRanges: the experts so, the base through the page cache with read-ahead.
   enum class ExpertAccess { kExactRanges, kWholeFiles, kHeldWindows };
   CheckpointBlockReader(const CheckpointLocation& base,
                         const std::vector<CheckpointLocation>& experts, ByteCounters& counters,
                         ExpertAccess access = ExpertAccess::kExactRanges,
                         InputIo input_io = InputIo::kBuffered);
-  // Shards read with O_DIRECT (the others go through the page cache).
+  // Back to reading the base through the page cache, with read-ahead, as kExactRanges does: for
+  // a reader opened kHeldWindows whose base bytes turn out not to be held after all.
+  void stream_base_through_cache();
+  // Shards read with O_DIRECT (the others go through the page cache); of the experts only.
   std::size_t direct_files() const;
+  std::size_t direct_expert_files() const;
   std::size_t total_files() const;
   // Whether every shard is read through the page cache and was all there when opened (sampled):
   // each read is then a copy from memory.
