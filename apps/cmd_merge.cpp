@@ -249,6 +249,8 @@ int cmd_merge(CommandContext& ctx) {
   finish_run_options(run_text, o.pipeline, "merge");
   o.pipeline.out = o.out;
   o.pipeline.catalog_path = o.full_read ? "" : o.catalog;
+  // A base read ahead into the page cache is read from there, not again around it.
+  o.pipeline.hold_base = !o.base_read_ahead;
 
   o.pipeline.placement = mpi::cpu_placement(ctx.comm);
   MergeTask task;

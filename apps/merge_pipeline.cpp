@@ -231,6 +231,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
   run_options.prefetch_depth = outcome.prefetch_depth;
   run_options.read_bytes = options.read_bytes;
   run_options.expert_piece_bytes = options.expert_piece_bytes;
+  run_options.hold_base = options.hold_base;
   run_options.allow_nonfinite = options.allow_nonfinite;
   run_options.mpiio_hints = options.mpiio_hints;
   run_options.resume = resumed != 0;

@@ -24,6 +24,7 @@ struct PipelineOptions {
   int prefetch_depth = 0;  // 0: by the kind of merge (default_prefetch_depth)
   std::uint64_t read_bytes = 128u << 10;
   std::uint64_t expert_piece_bytes = std::uint64_t{64} << 20;  // 0: no pieces
+  bool hold_base = true;  // false: the base streams through the page cache (it was read ahead)
   bool allow_nonfinite = false;
   bool resume = true;
   mpi::VerifyReads verify_reads = mpi::VerifyReads::kFirstPerFile;

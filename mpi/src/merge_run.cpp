@@ -355,7 +355,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   // read around the page cache like theirs. Streamed through the cache, the base cost a cold
   // K = 20 TIES 10% merge 17% of its CPU samples in copies out of the cache, and on 2 vCPUs the
   // device reads slower while the CPUs are busy (alternated runs in docs/benchmarks.md).
-  const bool hold_budgeted_base = !task.full_read && options.expert_piece_bytes > 0;
+  const bool hold_budgeted_base =
+      !task.full_read && options.expert_piece_bytes > 0 && options.hold_base;
   std::optional<io::CheckpointBlockReader> input_reader;
   comm.check(capture_failure([&] {
                input_reader.emplace(
@@ -546,7 +547,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       expert_piece_bytes = pieces.piece_bytes;
       pieces.fill_threads = std::max(1, fill_io_threads / 2);
       pieces.request_bytes = kPieceRequestBytes;
-      pieces.hold_base = pieces.piece_bytes > 0;
+      pieces.hold_base = pieces.piece_bytes > 0 && (task.full_read || hold_budgeted_base);
       HeldPieceStats held;
       accumulate(stats,
                  execute_in_held_pieces(job, next_chunk, reader, sink, &observer, pieces, &held));

@@ -92,8 +92,15 @@ PY
 run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-slices --expert-piece-size 0 --quiet
 s=m25-slices/mergepipe.manifest.json
 [[ "$(json_get $s expert_pieces.pieces)" -eq 0 && "$(json_get $s bytes_read.expert)" -eq "$planned" ]] || fail "--expert-piece-size 0: $(json_get $s expert_pieces.pieces) pieces, $(json_get $s bytes_read.expert) expert bytes"
-# Without pieces the base streams through the page cache, with read-ahead.
+# Without pieces, or read ahead into the page cache (--base-read-ahead), the base streams
+# through the cache, with read-ahead.
 [[ "$(json_get $s input_io.direct_files)" -eq $((2 * 6 * shards)) ]] || fail "--expert-piece-size 0: $(json_get $s input_io.direct_files) direct files, not the experts' $((2 * 6 * shards))"
+"$PAGE_RESIDENCY" --evict $(ls fam/*/*.safetensors) >/dev/null
+run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25-ahead --base-read-ahead --quiet
+a=m25-ahead/mergepipe.manifest.json
+[[ "$(json_get $a input_io.direct_files)" -eq $((2 * 6 * shards)) ]] || fail "--base-read-ahead: $(json_get $a input_io.direct_files) direct files, not the experts' $((2 * 6 * shards))"
+[[ "$(json_get $a expert_pieces.held_bytes)" -eq "$planned" ]] || fail "--base-read-ahead: expert pieces not held"
+[[ "$(json_get $a outputs.tensor_hashes)" == "$(json_get $d outputs.tensor_hashes)" ]] || fail "--base-read-ahead merged other bytes"
 [[ "$(json_get $s outputs.tensor_hashes)" == "$(json_get $d outputs.tensor_hashes)" ]] || fail "merging from held pieces changed the output"
 # Every input in the cache: one reader (copies from memory), unless asked for more.
 # (Once more if a shard left the cache in between: the page cache promises nothing. One CI run

@@ -68,6 +68,10 @@ struct MergeRunOptions {
   // false: every TIES window is read twice, and linear and DARE full reads stream whole files,
   // through the page cache
   bool hold_windows = true;
+  // A budgeted merge's held pieces hold their blocks' base bytes too, read like the experts
+  // (O_DIRECT when cold). false: the base streams through the page cache with read-ahead, where
+  // `--base-read-ahead` put it.
+  bool hold_base = true;
   // Full-read TIES: parts of a share too large for a window buffer merge right after their scan
   // with thresholds guessed from the sketches so far, checked once the tensor's are known, and
   // are read again only where a guess trimmed some value differently (window_steps.hpp).
