@@ -118,12 +118,13 @@ class H5Writer {
                    Kind::kGroup, "H5Gcreate2", where(full_name));
   }
 
-  // A chunked dataset of shape [n] or [n, cols]; dimension 0 is extensible.
+  // A chunked dataset of shape [n] or [n, cols]; dimension 0 is extensible. Chunks of about
+  // kChunkBytes, or of `chunk_rows` rows (for datasets read a row at a time).
   template <typename T>
   void dataset(hid_t loc, const std::string& name, const std::string& full_name,
-               std::span<const T> data, std::size_t cols = 0) {
+               std::span<const T> data, std::size_t cols = 0, std::size_t chunk_rows = 0) {
     write_raw(loc, name, full_name, H5Types<T>::mem(), H5Types<T>::disk(), sizeof(T), data.data(),
-              cols == 0 ? data.size() : data.size() / cols, cols);
+              cols == 0 ? data.size() : data.size() / cols, cols, chunk_rows);
   }
 
   void strings(hid_t loc, const std::string& name, const std::string& full_name,
@@ -134,7 +135,8 @@ class H5Writer {
     for (std::size_t i = 0; i < values.size(); ++i)
       std::memcpy(packed.data() + i * width, values[i].data(), values[i].size());
     Handle type = fixed_string_type(width, where(full_name));
-    write_raw(loc, name, full_name, type.get(), type.get(), width, packed.data(), values.size(), 0);
+    write_raw(loc, name, full_name, type.get(), type.get(), width, packed.data(), values.size(), 0,
+              0);
   }
 
   void attribute(hid_t loc, const std::string& name, std::uint64_t value,
@@ -172,15 +174,16 @@ class H5Writer {
 
   void write_raw(hid_t loc, const std::string& name, const std::string& full_name, hid_t mem_type,
                  hid_t disk_type, std::size_t elem_size, const void* data, std::size_t rows,
-                 std::size_t cols) {
+                 std::size_t cols, std::size_t chunk_rows) {
     const std::string ctx = where(full_name);
     const int rank = cols == 0 ? 1 : 2;
     const hsize_t dims[2] = {rows, cols};
     const hsize_t maxdims[2] = {H5S_UNLIMITED, cols};
     const std::size_t row_bytes = elem_size * (cols == 0 ? 1 : cols);
-    const hsize_t chunk_rows = std::max<std::size_t>(
-        1, std::min<std::size_t>(std::max<std::size_t>(rows, 1), kChunkBytes / row_bytes));
-    const hsize_t chunk[2] = {chunk_rows, cols};
+    if (chunk_rows == 0) chunk_rows = kChunkBytes / row_bytes;
+    const hsize_t chunk[2] = {
+        std::max<std::size_t>(1, std::min<std::size_t>(std::max<std::size_t>(rows, 1), chunk_rows)),
+        cols};
     Handle space =
         checked(H5Screate_simple(rank, dims, maxdims), Kind::kDataspace, "H5Screate_simple", ctx);
     Handle dcpl = checked(H5Pcreate(H5P_DATASET_CREATE), Kind::kPropertyList, "H5Pcreate", ctx);
@@ -221,6 +224,7 @@ void write_h5(const Catalog& c, const std::string& path) {
   w.attribute(root, "expert_count", c.expert_count(), "/");
   w.attribute(root, "norm_octaves", static_cast<std::uint64_t>(kNormOctaves), "/");
   w.attribute(root, "octave_bias", static_cast<std::uint64_t>(kOctaveBias), "/");
+  w.attribute(root, "trim_grid_steps", static_cast<std::uint64_t>(kTrimGridSteps), "/");
 
   {
     Handle g = w.group(root, "tensors", "/tensors");
@@ -290,12 +294,19 @@ void write_h5(const Catalog& c, const std::string& path) {
     std::vector<std::uint64_t> offsets{0};
     std::vector<std::uint16_t> keys;
     std::vector<std::uint64_t> counts;
-    for (const MagnitudeSketch& s : e.sketches) {
+    // trim_thresholds[i - 1][t]: the threshold of tensor t at density i / kTrimGridSteps.
+    const std::size_t nt = e.sketches.size();
+    std::vector<float> grid_table(kTrimGridSteps * nt);
+    for (std::size_t t = 0; t < nt; ++t) {
+      const MagnitudeSketch& s = e.sketches[t];
       const auto k_keys = s.keys();
       const auto k_counts = s.counts();
       keys.insert(keys.end(), k_keys.begin(), k_keys.end());
       counts.insert(counts.end(), k_counts.begin(), k_counts.end());
       offsets.push_back(keys.size());
+      const std::vector<float> grid =
+          MagnitudeSketch::grid_thresholds(k_keys, k_counts, s.total(), kTrimGridSteps);
+      for (std::size_t i = 0; i < kTrimGridSteps; ++i) grid_table[i * nt + t] = grid[i];
     }
     w.dataset<std::uint64_t>(g.get(), "sketch_offsets", gname + "/sketch_offsets", offsets);
     w.dataset<std::uint16_t>(g.get(), "sketch_keys", gname + "/sketch_keys", keys);
@@ -308,6 +319,9 @@ void write_h5(const Catalog& c, const std::string& path) {
       w.dataset<std::uint32_t>(g.get(), "sketch_counts", gname + "/sketch_counts", narrow);
     } else {
       w.dataset<std::uint64_t>(g.get(), "sketch_counts", gname + "/sketch_counts", counts);
+    }
+    if (nt > 0) {
+      w.dataset<float>(g.get(), "trim_thresholds", gname + "/trim_thresholds", grid_table, nt, 1);
     }
     write_location(w, g.get(), gname, e.location);
     w.attribute(g.get(), "nonfinite", e.nonfinite, gname);
@@ -366,6 +380,30 @@ class H5Reader {
           H5Dread(dset.get(), H5Types<T>::mem(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()),
           "H5Dread", where(object));
     }
+  }
+
+  // Row `row` of a dataset of shape [rows, cols], into `out` (cols values).
+  template <typename T>
+  void read_row(const std::string& object, std::uint64_t rows, std::uint64_t cols,
+                std::uint64_t row, std::vector<T>& out) const {
+    Handle dset = open(object);
+    check_shape(dset.get(), object, rows, cols);
+    out.resize(cols);
+    Handle file_space =
+        checked(H5Dget_space(dset.get()), Kind::kDataspace, "H5Dget_space", where(object));
+    const hsize_t start[2] = {row, 0}, count[2] = {1, cols};
+    check_status(
+        H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, count, nullptr),
+        "H5Sselect_hyperslab", where(object));
+    Handle mem_space = checked(H5Screate_simple(2, count, nullptr), Kind::kDataspace,
+                               "H5Screate_simple", where(object));
+    check_status(H5Dread(dset.get(), H5Types<T>::mem(), mem_space.get(), file_space.get(),
+                         H5P_DEFAULT, out.data()),
+                 "H5Dread", where(object));
+  }
+
+  bool has_attribute(const std::string& object, const std::string& name) const {
+    return H5Aexists_by_name(file_.get(), object.c_str(), name.c_str(), H5P_DEFAULT) > 0;
   }
 
   // Bytes per element of an integer dataset as stored (the reader converts on request, but
@@ -745,7 +783,6 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only,
   const std::string json_path = (dir / kCatalogJsonName).string();
   const std::string h5_path = (dir / kCatalogH5Name).string();
   Catalog c = load_catalog_summary(path);
-
   H5Reader r(h5_path);
   if (r.attribute_string("/", "format") != c.format ||
       r.attribute_string("/", "family_id") != c.family_id ||
@@ -831,6 +868,14 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only,
         d.push_back(sketches.densities[i]);
     }
   }
+  // Thresholds at densities on the grid are stored (catalogs written before they were: none).
+  const bool has_grid = r.has_attribute("/", "trim_grid_steps") &&
+                        r.attribute_u64("/", "trim_grid_steps") == kTrimGridSteps;
+  const auto needs_sketches = [&](std::size_t k) {
+    if (sketches.kind != Kind::kThresholds) return sketches.kind == Kind::kSketches;
+    return std::any_of(densities_of[k].begin(), densities_of[k].end(),
+                       [&](double d) { return !has_grid || trim_grid_step(d) == 0; });
+  };
   std::vector<std::uint64_t> offsets;  // one expert's sketches at a time, in reused buffers
   std::vector<std::uint16_t> keys;
   std::vector<std::uint64_t> counts;
@@ -857,6 +902,24 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only,
                 s.octave_sumsq.begin());
     }
     if (sketches.kind == Kind::kNone) continue;
+    std::vector<double> from_sketches;  // kThresholds: the densities off the grid
+    for (const double d : densities_of[k]) {
+      const std::size_t step = has_grid ? trim_grid_step(d) : 0;
+      if (step == 0) {
+        from_sketches.push_back(d);
+        continue;
+      }
+      DensityThresholds& stored = e.thresholds.emplace_back(DensityThresholds{d, {}});
+      r.read_row(g + "/trim_thresholds", kTrimGridSteps, nt, step - 1, stored.by_tensor);
+      for (std::size_t t = 0; t < nt; ++t) {
+        if (!(stored.by_tensor[t] >= 0.0f)) {
+          throw InputError(r.where(g + "/trim_thresholds") + ": tensor '" + c.tensors[t].name +
+                           "' has threshold " + std::to_string(stored.by_tensor[t]) +
+                           " at density " + std::to_string(d));
+        }
+      }
+    }
+    if (!needs_sketches(k)) continue;
     r.read_into(g + "/sketch_offsets", nt + 1, 0, offsets);
     r.read_into(g + "/sketch_keys", H5Reader::kAny, 0, keys);
     if (r.element_bytes(g + "/sketch_counts") == sizeof(std::uint32_t)) {
@@ -868,7 +931,8 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only,
     if (offsets[0] != 0 || offsets[nt] != keys.size()) {
       throw InputError(r.where(g + "/sketch_offsets") + ": does not span sketch_keys");
     }
-    for (const double d : densities_of[k]) e.thresholds.push_back({d, {}});
+    const std::size_t first_computed = e.thresholds.size();
+    for (const double d : from_sketches) e.thresholds.push_back({d, {}});
     for (std::size_t t = 0; t < nt; ++t) {
       if (offsets[t + 1] < offsets[t]) {
         throw InputError(r.where(g + "/sketch_offsets") + ": decreases at tensor '" +
@@ -893,8 +957,10 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only,
         e.sketches.push_back(MagnitudeSketch::from_sparse(tk, tc));
         continue;
       }
-      for (DensityThresholds& d : e.thresholds)
+      for (std::size_t i = first_computed; i < e.thresholds.size(); ++i) {
+        DensityThresholds& d = e.thresholds[i];
         d.by_tensor.push_back(MagnitudeSketch::threshold(tk, tc, total, d.density));
+      }
     }
   }
   global_byte_counters().add(ByteCategory::kCatalog,

@@ -1,5 +1,6 @@
 #include "mergepipe/catalog.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -8,6 +9,13 @@
 #include "mergepipe/hash.hpp"
 
 namespace mergepipe {
+
+std::size_t trim_grid_step(double density) {
+  const double scaled = std::round(density * static_cast<double>(kTrimGridSteps));
+  if (!(scaled >= 1.0 && scaled <= static_cast<double>(kTrimGridSteps))) return 0;
+  const auto step = static_cast<std::size_t>(scaled);
+  return static_cast<double>(step) / static_cast<double>(kTrimGridSteps) == density ? step : 0;
+}
 
 bool ExpertCatalog::has_trim_thresholds(double density, std::size_t tensors) const {
   if (sketches.size() == tensors) return true;

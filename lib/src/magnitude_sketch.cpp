@@ -357,6 +357,28 @@ float MagnitudeSketch::threshold(std::span<const std::uint16_t> keys,
   return 0.0f;
 }
 
+std::vector<float> MagnitudeSketch::grid_thresholds(std::span<const std::uint16_t> keys,
+                                                    std::span<const std::uint64_t> counts,
+                                                    std::uint64_t total, std::size_t steps) {
+  std::vector<float> out(steps, 0.0f);
+  std::size_t i = keys.size();  // buckets above i are behind us, `seen` entries in them
+  std::uint64_t seen = 0;
+  for (std::size_t step = 1; step <= steps; ++step) {
+    // The density as threshold() would be given it, and its k, computed alike.
+    const double density = static_cast<double>(step) / static_cast<double>(steps);
+    if (density >= 1.0) break;  // 0: keep everything
+    const auto k = static_cast<std::uint64_t>(std::floor(density * static_cast<double>(total)));
+    if (k == 0) {
+      out[step - 1] = std::numeric_limits<float>::infinity();
+      continue;
+    }
+    // k grows with the density: walk down from where the previous one stopped.
+    while (seen < k && i > 0) seen += counts[--i];
+    out[step - 1] = seen >= k ? bucket_lower_edge(keys[i]) : 0.0f;
+  }
+  return out;
+}
+
 std::uint64_t MagnitudeSketch::kept_count(float threshold) const {
   if (std::isinf(threshold)) return 0;
   const std::uint16_t first = magnitude_bucket(threshold);

@@ -636,8 +636,11 @@ TEST(CatalogStore, DamagedSketchesAreAnInputError) {
   const auto load_errors = [&] {
     std::vector<std::string> messages;
     messages.push_back(error_message<InputError>([&] { io::load_catalog(path); }));
+    // Off the stored density grid, so the thresholds come from the sketches.
     messages.push_back(error_message<InputError>(
-        [&] { io::load_catalog(path, dirs, io::SketchLoad::thresholds({0.5})); }));
+        [&] { io::load_catalog(path, dirs, io::SketchLoad::thresholds({0.505})); }));
+    // On the grid the stored thresholds serve, and the sketches are not read.
+    EXPECT_NO_THROW(io::load_catalog(path, dirs, io::SketchLoad::thresholds({0.5})));
     return messages;
   };
   ASSERT_GE(c.experts[0].sketches[0].keys().size(), 2u);
@@ -659,6 +662,91 @@ TEST(CatalogStore, DamagedSketchesAreAnInputError) {
               std::string::npos)
         << msg;
   }
+}
+
+TEST(CatalogModel, TrimGridStepIsExactOrNone) {
+  EXPECT_EQ(trim_grid_step(0.5), 50u);
+  EXPECT_EQ(trim_grid_step(0.01), 1u);
+  EXPECT_EQ(trim_grid_step(0.07), 7u);
+  EXPECT_EQ(trim_grid_step(0.35), 35u);
+  EXPECT_EQ(trim_grid_step(1.0), kTrimGridSteps);
+  for (const double off : {0.0, 0.505, 0.333, 0.004, 1.01, 2.0, -0.5,
+                           std::numeric_limits<double>::quiet_NaN(), std::nextafter(0.5, 1.0)})
+    EXPECT_EQ(trim_grid_step(off), 0u) << off;
+}
+
+// A plan at a density on the grid reads the catalog's stored thresholds instead of inflating the
+// sketches: the same floats as from the sketches, at every density, and the same plan.
+TEST(CatalogStore, StoresTheThresholdsOfTheDensityGrid) {
+  TempDir tmp;
+  const Catalog c = synthetic_catalog();
+  const std::string path = tmp.file("cat");
+  io::save_catalog(c, path);
+  const std::string h5 = path + "/catalog.h5";
+  const std::vector<std::string> dirs = {"/data/expert0", "/data/expert1"};
+  const auto bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
+  const auto expect_sketch_thresholds = [&](const Catalog& lean, double density) {
+    for (std::size_t k = 0; k < 2; ++k) {
+      ASSERT_EQ(lean.experts[k].thresholds.size(), 1u);
+      const std::vector<float>& got = lean.experts[k].thresholds[0].by_tensor;
+      ASSERT_EQ(got.size(), c.tensors.size());
+      for (std::size_t t = 0; t < c.tensors.size(); ++t)
+        EXPECT_EQ(bits(got[t]), bits(c.experts[k].sketches[t].threshold(density)))
+            << "expert " << k << " tensor " << t << " density " << density;
+    }
+  };
+  for (std::size_t step = 1; step <= kTrimGridSteps; ++step) {
+    const double d = static_cast<double>(step) / static_cast<double>(kTrimGridSteps);
+    expect_sketch_thresholds(io::load_catalog(path, dirs, io::SketchLoad::thresholds({d, d})), d);
+  }
+
+  // Stored as [steps, tensors] float32, one row per chunk, with the grid in an attribute.
+  {
+    io::h5::Handle file(H5Fopen(h5.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), io::h5::Kind::kFile);
+    ASSERT_GE(file.get(), 0);
+    io::h5::Handle dset(H5Dopen2(file.get(), "/experts/001/trim_thresholds", H5P_DEFAULT),
+                        io::h5::Kind::kDataset);
+    ASSERT_GE(dset.get(), 0);
+    io::h5::Handle space(H5Dget_space(dset.get()), io::h5::Kind::kDataspace);
+    hsize_t dims[2] = {0, 0};
+    ASSERT_EQ(H5Sget_simple_extent_ndims(space.get()), 2);
+    H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+    EXPECT_EQ(dims[0], kTrimGridSteps);
+    EXPECT_EQ(dims[1], c.tensors.size());
+    // Damage one stored threshold of expert 1 at density 0.3 (row 29).
+    std::vector<float> table(dims[0] * dims[1]);
+    ASSERT_GE(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, table.data()),
+              0);
+    table[29 * dims[1] + 1] = -1.0f;
+    ASSERT_GE(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, table.data()),
+              0);
+  }
+  std::string msg = error_message<InputError>([&] {
+    io::load_catalog(path, dirs, io::SketchLoad::thresholds({0.3, 0.3}));
+  });
+  EXPECT_NE(msg.find("catalog.h5:/experts/001/trim_thresholds: tensor 'model.norm.weight' has "
+                     "threshold -1.000000 at density 0.300000"),
+            std::string::npos)
+      << msg;
+  // Another density, or the sketches, are not affected.
+  expect_sketch_thresholds(io::load_catalog(path, dirs, io::SketchLoad::thresholds({0.4, 0.4})),
+                           0.4);
+  expect_sketch_thresholds(io::load_catalog(path, dirs, io::SketchLoad::thresholds({0.305, 0.305})),
+                           0.305);
+
+  // A catalog written before the grid was stored: the thresholds come from the sketches.
+  {
+    io::h5::Handle file(H5Fopen(h5.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), io::h5::Kind::kFile);
+    ASSERT_GE(H5Adelete(file.get(), "trim_grid_steps"), 0);
+  }
+  expect_sketch_thresholds(io::load_catalog(path, dirs, io::SketchLoad::thresholds({0.3, 0.3})),
+                           0.3);
+  // Extending such a catalog writes the grid again (from the sketches it loads whole).
+  io::save_catalog(io::load_catalog(path), path);
+  expect_sketch_thresholds(io::load_catalog(path, dirs, io::SketchLoad::thresholds({0.3, 0.3})),
+                           0.3);
+  io::h5::Handle file(H5Fopen(h5.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), io::h5::Kind::kFile);
+  EXPECT_GT(H5Aexists(file.get(), "trim_grid_steps"), 0);
 }
 
 TEST(CatalogStore, DescribeNamesTheParts) {

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 
 #include "mergepipe/dtype.hpp"
 #include "mergepipe/error.hpp"
@@ -301,4 +303,40 @@ TEST(MagnitudeSketch, DecidedDifferentlyCountsTheEntriesBetweenTwoThresholds) {
   }
   EXPECT_GT(nonzero, 0);
   EXPECT_EQ(MagnitudeSketch().decided_differently(0.0f, 1.0f), 0u);
+}
+
+// The catalog stores these for every (expert, tensor) and a plan uses them instead of
+// threshold(): they must be the same floats, bit for bit, at every step.
+TEST(MagnitudeSketch, GridThresholdsAreThresholdAtEveryStep) {
+  const auto bits = [](float x) { return std::bit_cast<std::uint32_t>(x); };
+  std::vector<MagnitudeSketch> sketches(5);
+  const auto v = deltas(20000, 3);
+  sketches[0].add(v.data(), v.size());  // many buckets
+  const std::vector<float> few = {0.5f, -0.5f, 0.25f, 2.0f, 0.0f, 0.0f, 0.0f};
+  sketches[1].add(few.data(), few.size());  // few entries: k == 0 at low densities
+  sketches[2].add_zeros(333);               // all zero: one bucket
+  const std::vector<float> one = {-3.0f};
+  sketches[3].add(one.data(), one.size());  // one entry; sketches[4] is empty
+  for (auto& s : sketches) s.compact();
+  for (std::size_t i = 0; i < sketches.size(); ++i) {
+    const MagnitudeSketch& s = sketches[i];
+    const auto keys = s.keys();
+    const auto counts = s.counts();
+    for (const std::size_t steps : {std::size_t{1}, std::size_t{7}, std::size_t{100}}) {
+      const std::vector<float> grid =
+          MagnitudeSketch::grid_thresholds(keys, counts, s.total(), steps);
+      ASSERT_EQ(grid.size(), steps);
+      for (std::size_t step = 1; step <= steps; ++step) {
+        const double density = static_cast<double>(step) / static_cast<double>(steps);
+        EXPECT_EQ(bits(grid[step - 1]), bits(s.threshold(density)))
+            << "sketch " << i << " step " << step << " of " << steps;
+      }
+    }
+  }
+  // The steps differ where the data does, or the comparison proves little.
+  const auto grid = MagnitudeSketch::grid_thresholds(sketches[0].keys(), sketches[0].counts(),
+                                                     sketches[0].total(), 100);
+  EXPECT_GT(std::set<float>(grid.begin(), grid.end()).size(), 50u);
+  EXPECT_TRUE(std::isinf(
+      MagnitudeSketch::grid_thresholds(sketches[1].keys(), sketches[1].counts(), 7, 100)[0]));
 }

@@ -46,6 +46,11 @@ class MagnitudeSketch {
   // building it: a plan needs one threshold per sketch, not the sketch.
   static float threshold(std::span<const std::uint16_t> keys, std::span<const std::uint64_t> counts,
                          std::uint64_t total, double density);
+  // threshold(keys, counts, total, d) at every density d = i / steps, i = 1..steps, in one pass
+  // (element i - 1): what a catalog stores so that a plan at such a density reads no sketch.
+  static std::vector<float> grid_thresholds(std::span<const std::uint16_t> keys,
+                                            std::span<const std::uint64_t> counts,
+                                            std::uint64_t total, std::size_t steps);
   // Number of entries an entry-wise `|Δ| >= threshold(d)` keeps.
   std::uint64_t kept_count(float threshold) const;
   // Number of entries that a TIES trim (|Δ| >= t on the bit patterns, so NaN counts as the

@@ -26,7 +26,8 @@ using ExpertSelection = std::optional<std::vector<std::string>>;
 // Qwen3-0.6B family (1.84 M buckets, 18 MB in 12,440 lists, first-touched page by page) made a cold
 // merge's catalog phase 0.22-0.28 s; computing the thresholds from buffers reused expert after
 // expert, with 32-bit counts in the file, 0.14-0.20 s (8 alternated runs each; 0.08 s without
-// sketches).
+// sketches). At a density on the catalog's grid (kTrimGridSteps) the thresholds are read as
+// stored, one row per expert, and no sketch is read: the load took 36 instead of 103 ms.
 struct SketchLoad {
   enum class Kind {
     kNone,        // no sketches (methods that do not trim)
