@@ -88,7 +88,11 @@ run_np 2 merge c.yaml --catalog cat --out locked --quiet || fail "the merge afte
 echo "ok: staging lock held"
 
 # --- Two merges to one target at the same time: exactly one publishes a complete output.
+# Each launcher has its own session folder: two started at once in one race on creating it
+# (common.bash; seen here as "orte_init failed ... File exists" for the losing merge).
 for who in a b; do
+  mkdir -m 1777 "$OMPI_MCA_orte_tmpdir_base/$who"
+  OMPI_MCA_orte_tmpdir_base="$OMPI_MCA_orte_tmpdir_base/$who" \
   "${slow[@]}" timeout 120 "${mpi2[@]}" merge c.yaml --catalog cat --out raced --threads 1 --quiet \
     >"race-$who.out" 2>"race-$who.err" &
   eval "pid_$who=$!"
