@@ -12,13 +12,13 @@
 #include "merge_pipeline.hpp"
 #include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
-#include "mergepipe/io/catalog_prefetch.hpp"
 #include "mergepipe/io/catalog_store.hpp"
 #include "mergepipe/io/checkpoint_location.hpp"
 #include "mergepipe/io/hf_folder.hpp"
 #include "mergepipe/io/merge_config.hpp"
 #include "mergepipe/io/output_layout.hpp"
 #include "mergepipe/io/read_ahead.hpp"
+#include "mergepipe/mpi/catalog_load.hpp"
 #include "mergepipe/planner.hpp"
 #include "mergepipe/structure_match.hpp"
 
@@ -107,26 +107,10 @@ BaseReadAhead start_base_read_ahead(const MergeSpec& spec, int ranks,
   }
 }
 
-MergeTask budgeted_task(const MergeSpec& spec, const MergeOptions& o, PipelineOptions& pipeline,
-                        int ranks, const mpi::CpuPlacement& placement) {
-  if (o.catalog.empty())
-    throw UsageError("merge: --catalog is required (or --full-read for the naive baseline)");
-  const auto load_start = std::chrono::steady_clock::now();
-  // The catalog's small files first, together, while the disk is idle; then the base.
-  io::prefetch_catalog_inputs(o.catalog, spec.expert_paths());
-  // Off by default (measured at 483f83f): the merge's own readers, which read the base beside the
-  // expert blocks, finished sooner than a read-ahead waited for first (cold, 2 ranks, alternated
-  // runs: K = 2 TIES 10% B/A 0.857, K = 10 linear 0.909, K = 20 TIES 0.949, linear 0.955, TIES at
-  // one rank 0.976, at 50% 0.986). Filling the page cache on one thread ran at 2-3 GB/s here.
-  const auto read_ahead =
-      o.base_read_ahead ? start_base_read_ahead(spec, ranks, placement) : BaseReadAhead{};
-  // Only the experts this merge uses: their statistics, their freshness.
-  const Catalog catalog =
-      io::load_catalog(o.catalog, spec.expert_paths(), io::sketch_load_for(spec));
+MergeTask budgeted_task(const MergeSpec& spec, const Catalog& catalog, const MergeOptions& o,
+                        PipelineOptions& pipeline, const BaseReadAhead& read_ahead) {
   pipeline.catalog_bytes = io::catalog_size_bytes(o.catalog);
-  io::check_catalog_fresh(catalog, spec.expert_paths());
   const auto t0 = std::chrono::steady_clock::now();
-  pipeline.catalog_load_seconds = std::chrono::duration<double>(t0 - load_start).count();
   const PlanRequest request = plan_request_for(spec, o.budget, o.max_error);
   MergeTask task;
   task.plan = make_plan(catalog, spec, request);
@@ -253,17 +237,46 @@ int cmd_merge(CommandContext& ctx) {
   o.pipeline.hold_base = !o.base_read_ahead;
 
   o.pipeline.placement = mpi::cpu_placement(ctx.comm);
-  MergeTask task;
+  MergeSpec spec;
   auto failure = mpi::capture_failure([&] {
     if (!ctx.comm.is_root()) return;
-    MergeSpec spec = io::load_merge_config(o.config);
+    spec = io::load_merge_config(o.config);
     if (vm->count("seed")) spec.seed = seed;
     if (!o.dtype.empty()) spec.out_dtype = parse_output_dtype(o.dtype);
     spec.validate();
     if (!block_bytes_text.empty())
       o.block_bytes = parse_byte_size(block_bytes_text, "merge: --block-bytes");
+    if (!o.full_read && o.catalog.empty())
+      throw UsageError("merge: --catalog is required (or --full-read for the naive baseline)");
+  });
+  ctx.comm.check(failure, "read merge config");
+
+  // The catalog, by every rank: only the experts this merge uses, their statistics and freshness.
+  Catalog catalog;
+  BaseReadAhead read_ahead;
+  if (!o.full_read) {
+    const auto load_start = std::chrono::steady_clock::now();
+    mpi::CatalogRequest request;
+    if (ctx.comm.is_root()) request = {o.catalog, spec.expert_paths(), io::sketch_load_for(spec)};
+    // The catalog's small files first, together, while the disk is idle; then the base. The
+    // base read-ahead is off by default (measured at 483f83f): the merge's own readers, which read
+    // the base beside the expert blocks, finished sooner than a read-ahead waited for first (cold,
+    // 2 ranks, alternated runs: K = 2 TIES 10% B/A 0.857, K = 10 linear 0.909, K = 20 TIES 0.949,
+    // linear 0.955, TIES at one rank 0.976, at 50% 0.986). Filling the page cache on one thread
+    // ran at 2-3 GB/s here.
+    catalog = mpi::load_checked_catalog(ctx.comm, request, [&] {
+      if (o.base_read_ahead)
+        read_ahead = start_base_read_ahead(spec, ctx.comm.size(), *o.pipeline.placement);
+    });
+    o.pipeline.catalog_load_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  }
+
+  MergeTask task;
+  failure = mpi::capture_failure([&] {
+    if (!ctx.comm.is_root()) return;
     task = o.full_read ? full_read_task(spec, o.block_bytes)
-                       : budgeted_task(spec, o, o.pipeline, ctx.comm.size(), *o.pipeline.placement);
+                       : budgeted_task(spec, catalog, o, o.pipeline, read_ahead);
     task.out_dtypes = output_dtypes(task.spec, task.tensors);
     task.format = o.format == "hdf5" ? OutputFormat::kHdf5 : OutputFormat::kSafetensors;
     task.max_shard_bytes = parse_byte_size(o.max_shard, "merge: --max-shard-size");

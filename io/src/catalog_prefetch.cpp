@@ -53,19 +53,27 @@ std::uint64_t read_wanted(const Wanted& w, std::vector<std::byte>& buffer) {
 
 }  // namespace
 
-std::uint64_t prefetch_catalog_inputs(const std::string& catalog_path,
-                                      const ExpertSelection& only) {
-  std::vector<Wanted> wanted{{(std::filesystem::path(catalog_path) / kCatalogH5Name).string()}};
-  try {
-    const Catalog summary = load_catalog_summary(catalog_path);
-    for (const FileIdentity& f : summary.base.files) wanted.push_back({f.path, true});
-    const std::vector<bool> selected = selected_experts(summary, only);
-    for (std::size_t k = 0; k < summary.experts.size(); ++k)
-      if (selected[k])
-        for (const FileIdentity& f : summary.experts[k].location.files)
-          wanted.push_back({f.path, true});
-  } catch (const Error&) {
-    // Without a readable summary only catalog.h5 is worth reading; the load reports the rest.
+std::uint64_t prefetch_catalog_inputs(const std::string& catalog_path, const ExpertSelection& only,
+                                      const CatalogPrefetch& what) {
+  std::vector<Wanted> wanted;
+  if (what.catalog_file)
+    wanted.push_back({(std::filesystem::path(catalog_path) / kCatalogH5Name).string()});
+  const FileShare share = what.header_share;
+  if (what.headers && share.count > 0 && share.index < share.count) {
+    try {
+      const Catalog summary = load_catalog_summary(catalog_path);
+      std::size_t nth = 0;  // the files check_catalog_fresh checks in this share
+      const auto want_header = [&](const FileIdentity& f) {
+        if (nth++ % share.count == share.index) wanted.push_back({f.path, true});
+      };
+      for (const FileIdentity& f : summary.base.files) want_header(f);
+      const std::vector<bool> selected = selected_experts(summary, only);
+      for (std::size_t k = 0; k < summary.experts.size(); ++k)
+        if (selected[k])
+          for (const FileIdentity& f : summary.experts[k].location.files) want_header(f);
+    } catch (const Error&) {
+      // Without a readable summary there are no headers to read; the load reports the problem.
+    }
   }
 
   std::atomic<std::size_t> next{0};

@@ -968,7 +968,9 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only,
   return c;
 }
 
-void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only) {
+void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only, FileShare share) {
+  if (share.count == 0 || share.index >= share.count)
+    throw std::invalid_argument("check_catalog_fresh: share index out of range");
   const auto check = [](const FileIdentity& recorded) {
     const std::string prefix = "stale catalog: " + recorded.path +
                                " changed since it was catalogued (size/mtime/header differ: ";
@@ -997,11 +999,15 @@ void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only) {
     for (std::size_t i = 0; i < diffs.size(); ++i) what += (i ? ", " : "") + diffs[i];
     throw InputError(prefix + what + ")");
   };
-  for (const FileIdentity& f : catalog.base.files) check(f);
+  std::size_t nth = 0;  // files in order, base first; this share is every count-th
+  const auto check_mine = [&](const FileIdentity& f) {
+    if (nth++ % share.count == share.index) check(f);
+  };
+  for (const FileIdentity& f : catalog.base.files) check_mine(f);
   const std::vector<bool> selected = selected_experts(catalog, only);
   for (std::size_t k = 0; k < catalog.experts.size(); ++k) {
     if (!selected[k]) continue;
-    for (const FileIdentity& f : catalog.experts[k].location.files) check(f);
+    for (const FileIdentity& f : catalog.experts[k].location.files) check_mine(f);
   }
 }
 

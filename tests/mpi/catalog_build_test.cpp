@@ -5,6 +5,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "mergepipe/io/hf_folder.hpp"
 #include "mergepipe/io/safetensors.hpp"
 #include "mergepipe/mpi/catalog_build.hpp"
+#include "mergepipe/mpi/catalog_load.hpp"
 #include "mergepipe/mpi/comm.hpp"
 
 using namespace mergepipe;
@@ -386,6 +388,58 @@ TEST_F(CatalogBuild, ExtendingReadsOnlyTheNewExpert) {
     expect_matches_reference(extended.experts[2],
                              reference_stats(base_, experts_[2], extended.tensors), "added expert");
   }
+}
+
+// A merge's catalog: loaded on rank 0 while the other ranks check the files, so a stale file is
+// caught whichever rank's share it is in, with the same message on every rank.
+TEST_F(CatalogBuild, AMergeLoadsTheCatalogOnRank0AndEveryFileIsChecked) {
+  const Catalog built =
+      mpi::build_catalog(comm_, options({expert_dir(0), expert_dir(1), expert_dir(2)}));
+  const std::string path = root_ + "/cat-merge";
+  comm_.check(mpi::capture_failure([&] {
+                if (comm_.is_root()) io::save_catalog(built, path);
+              }),
+              "test: save");
+  mpi::CatalogRequest request;
+  if (comm_.is_root()) {
+    // On the density grid and off it: stored thresholds and sketches both.
+    request = {path, std::vector<std::string>{expert_dir(2), expert_dir(0)},
+               io::SketchLoad::thresholds({0.5, 0.505})};
+  }
+  int before_load = 0;
+  const Catalog loaded = mpi::load_checked_catalog(comm_, request, [&] { ++before_load; });
+  EXPECT_EQ(before_load, comm_.is_root() ? 1 : 0);
+  if (comm_.is_root()) {
+    const Catalog direct = io::load_catalog(path, request.only, request.sketches);
+    ASSERT_EQ(loaded.experts.size(), 3u);
+    for (std::size_t k = 0; k < 3; ++k) EXPECT_EQ(loaded.experts[k], direct.experts[k]) << k;
+    EXPECT_EQ(loaded.experts[0].thresholds.at(0).density, 0.505);
+    EXPECT_EQ(loaded.experts[2].thresholds.at(0).density, 0.5);
+    EXPECT_TRUE(loaded.experts[1].blocks.empty());  // not selected
+  } else {
+    EXPECT_TRUE(loaded.experts.empty());
+  }
+
+  // Each file of the merge in turn (two base shards, then the experts'), one second newer.
+  const std::vector<std::string> files = {built.base.files.at(0).path, built.base.files.at(1).path,
+                                          built.experts[0].location.files.at(0).path,
+                                          built.experts[2].location.files.at(0).path};
+  for (const std::string& file : files) {
+    const auto mtime = fs::last_write_time(file);
+    comm_.barrier("test: before touch");
+    if (comm_.is_root()) fs::last_write_time(file, mtime + std::chrono::seconds(1));
+    comm_.barrier("test: touched");
+    const auto [code, message] =
+        collective_error([&] { mpi::load_checked_catalog(comm_, request); });
+    EXPECT_EQ(code, ExitCode::kInputData) << file << ": " << message;
+    EXPECT_EQ(message, "stale catalog: " + file +
+                           " changed since it was catalogued (size/mtime/header differ: mtime)");
+    comm_.barrier("test: before restore");
+    if (comm_.is_root()) fs::last_write_time(file, mtime);
+    comm_.barrier("test: restored");
+  }
+  // An expert the merge does not use may change.
+  EXPECT_NO_THROW(mpi::load_checked_catalog(comm_, request));
 }
 
 TEST_F(CatalogBuild, AnExpertOfAnotherShapeIsRejectedOnEveryRank) {

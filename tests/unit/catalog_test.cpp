@@ -782,6 +782,13 @@ TEST(CatalogStore, StaleFilesAreDetected) {
   std::string msg = error_message<InputError>([&] { io::check_catalog_fresh(c); });
   EXPECT_EQ(msg, "stale catalog: " + expert_file +
                      " changed since it was catalogued (size/mtime/header differ: mtime)");
+  // Shares of the files (base first): the expert's is the second of two.
+  EXPECT_NO_THROW(io::check_catalog_fresh(c, std::nullopt, {0, 2}));
+  EXPECT_EQ(error_message<InputError>([&] {
+              io::check_catalog_fresh(c, std::nullopt, {1, 2});
+            }),
+            msg);
+  EXPECT_THROW(io::check_catalog_fresh(c, std::nullopt, {2, 2}), std::invalid_argument);
   // A merge that does not use the expert is not affected; one that does is refused.
   EXPECT_NO_THROW(io::check_catalog_fresh(c, std::vector<std::string>{}));
   EXPECT_EQ(error_message<InputError>(
@@ -883,6 +890,14 @@ TEST(CatalogPrefetch, ReadsCatalogH5AndTheHeadersOfTheSelectedExperts) {
             h5 + header_bytes("base") + header_bytes("e0") + header_bytes("e1"));
   EXPECT_EQ(io::prefetch_catalog_inputs(path, std::vector<std::string>{tmp.file("e1")}),
             h5 + header_bytes("base") + header_bytes("e1"));
+
+  // Parts: catalog.h5 alone, or a share of the headers (base, e0, e1 in turn) alone.
+  EXPECT_EQ(io::prefetch_catalog_inputs(path, std::nullopt, {true, false, {}}), h5);
+  EXPECT_EQ(io::prefetch_catalog_inputs(path, std::nullopt, {false, true, {0, 2}}),
+            header_bytes("base") + header_bytes("e1"));
+  EXPECT_EQ(io::prefetch_catalog_inputs(path, std::nullopt, {false, true, {1, 2}}),
+            header_bytes("e0"));
+  EXPECT_EQ(io::prefetch_catalog_inputs(path, std::nullopt, {false, true, {2, 2}}), 0u);
 
   // A hint only: what is missing is skipped, never an error (the load reports it).
   fs::remove_all(tmp.file("e1"));

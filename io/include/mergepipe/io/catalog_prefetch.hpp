@@ -11,9 +11,18 @@
 
 namespace mergepipe::io {
 
+// What to read: catalog.h5 (for load_catalog), the safetensors headers of a share of the files
+// (for check_catalog_fresh with the same share), or both.
+struct CatalogPrefetch {
+  bool catalog_file = true;
+  bool headers = true;
+  FileShare header_share;
+};
+
 // Best effort: a missing or unreadable file is skipped (the catalog load that follows reports it
 // with its context). Files of experts outside `only` are left alone. Returns the bytes read.
 std::uint64_t prefetch_catalog_inputs(const std::string& catalog_path,
-                                      const ExpertSelection& only = std::nullopt);
+                                      const ExpertSelection& only = std::nullopt,
+                                      const CatalogPrefetch& what = {});
 
 }  // namespace mergepipe::io

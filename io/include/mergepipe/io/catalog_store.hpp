@@ -46,6 +46,12 @@ struct SketchLoad {
   }
 };
 
+// Share `index` of `count` of a list of files: every count-th, from the index-th.
+struct FileShare {
+  std::size_t index = 0;
+  std::size_t count = 1;
+};
+
 // What a plan of `spec` needs: the thresholds at its experts' densities for a method that trims
 // by magnitude (in the order of spec.expert_paths()), else no sketches.
 SketchLoad sketch_load_for(const MergeSpec& spec);
@@ -81,8 +87,10 @@ std::uint64_t catalog_size_bytes(const std::string& path);
 // Compares every base file and every (selected) expert file with its recorded identity (size,
 // mtime, header hash). Throws InputError "stale catalog: FILE changed since it was catalogued
 // (...)" on the first difference, or when a file is missing or unreadable. An expert a merge does
-// not use may change without making the catalog stale for that merge.
-void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only = std::nullopt);
+// not use may change without making the catalog stale for that merge. With a share, only that
+// share of the files, listed base first and then the selected experts' in catalog order.
+void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only = std::nullopt,
+                         FileShare share = {});
 
 // Readable multi-line summary (for `mergepipe inspect CATALOG`).
 std::string describe_catalog(const Catalog& catalog);
