@@ -22,7 +22,11 @@ for ((i = 0; i < 600; ++i)); do
   [[ -e .out.mergepipe-staging/mergepipe.manifest.json ]] && break
   sleep 0.05
 done
-"${inject[@]}" MERGEPIPE_FAULT_SLOW_PATH="$TEST_SCRATCH/fam/" MERGEPIPE_FAULT_SLOW_MS=50 \
+# Its own Open MPI session folder: launchers that start or end at once in one race on it
+# (common.bash, rank_faults.sh).
+mkdir -m 1777 "$OMPI_MCA_orte_tmpdir_base/b"
+OMPI_MCA_orte_tmpdir_base="$OMPI_MCA_orte_tmpdir_base/b" \
+  "${inject[@]}" MERGEPIPE_FAULT_SLOW_PATH="$TEST_SCRATCH/fam/" MERGEPIPE_FAULT_SLOW_MS=50 \
   "$MERGEPIPE" merge c.yaml --catalog cat --out out --threads 1 --quiet >b.out 2>b.err && rc_b=0 || rc_b=$?
 rc_a=0
 wait "$first" || rc_a=$?
