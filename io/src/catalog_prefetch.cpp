@@ -61,16 +61,10 @@ std::uint64_t prefetch_catalog_inputs(const std::string& catalog_path, const Exp
   const FileShare share = what.header_share;
   if (what.headers && share.count > 0 && share.index < share.count) {
     try {
+      // The files check_catalog_fresh checks in this share.
       const Catalog summary = load_catalog_summary(catalog_path);
-      std::size_t nth = 0;  // the files check_catalog_fresh checks in this share
-      const auto want_header = [&](const FileIdentity& f) {
-        if (nth++ % share.count == share.index) wanted.push_back({f.path, true});
-      };
-      for (const FileIdentity& f : summary.base.files) want_header(f);
-      const std::vector<bool> selected = selected_experts(summary, only);
-      for (std::size_t k = 0; k < summary.experts.size(); ++k)
-        if (selected[k])
-          for (const FileIdentity& f : summary.experts[k].location.files) want_header(f);
+      for (const FileIdentity& f : catalog_input_files(summary, only, share))
+        wanted.push_back({f.path, true});
     } catch (const Error&) {
       // Without a readable summary there are no headers to read; the load reports the problem.
     }

@@ -968,9 +968,25 @@ Catalog load_catalog(const std::string& path, const ExpertSelection& only,
   return c;
 }
 
-void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only, FileShare share) {
+std::vector<FileIdentity> catalog_input_files(const Catalog& catalog, const ExpertSelection& only,
+                                              FileShare share) {
   if (share.count == 0 || share.index >= share.count)
-    throw std::invalid_argument("check_catalog_fresh: share index out of range");
+    throw std::invalid_argument("catalog_input_files: share index out of range");
+  std::vector<FileIdentity> files;
+  std::size_t nth = 0;  // this share is every count-th
+  const auto take_mine = [&](const FileIdentity& f) {
+    if (nth++ % share.count == share.index) files.push_back(f);
+  };
+  for (const FileIdentity& f : catalog.base.files) take_mine(f);
+  const std::vector<bool> selected = selected_experts(catalog, only);
+  for (std::size_t k = 0; k < catalog.experts.size(); ++k) {
+    if (!selected[k]) continue;
+    for (const FileIdentity& f : catalog.experts[k].location.files) take_mine(f);
+  }
+  return files;
+}
+
+void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only, FileShare share) {
   const auto check = [](const FileIdentity& recorded) {
     const std::string prefix = "stale catalog: " + recorded.path +
                                " changed since it was catalogued (size/mtime/header differ: ";
@@ -999,16 +1015,7 @@ void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only, Fi
     for (std::size_t i = 0; i < diffs.size(); ++i) what += (i ? ", " : "") + diffs[i];
     throw InputError(prefix + what + ")");
   };
-  std::size_t nth = 0;  // files in order, base first; this share is every count-th
-  const auto check_mine = [&](const FileIdentity& f) {
-    if (nth++ % share.count == share.index) check(f);
-  };
-  for (const FileIdentity& f : catalog.base.files) check_mine(f);
-  const std::vector<bool> selected = selected_experts(catalog, only);
-  for (std::size_t k = 0; k < catalog.experts.size(); ++k) {
-    if (!selected[k]) continue;
-    for (const FileIdentity& f : catalog.experts[k].location.files) check_mine(f);
-  }
+  for (const FileIdentity& f : catalog_input_files(catalog, only, share)) check(f);
 }
 
 std::string describe_catalog(const Catalog& c) {

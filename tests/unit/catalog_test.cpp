@@ -789,6 +789,15 @@ TEST(CatalogStore, StaleFilesAreDetected) {
             }),
             msg);
   EXPECT_THROW(io::check_catalog_fresh(c, std::nullopt, {2, 2}), std::invalid_argument);
+  // The shares split the list (base first) between them, each file once.
+  const auto all = io::catalog_input_files(c, std::nullopt);
+  const auto first = io::catalog_input_files(c, std::nullopt, {0, 2});
+  const auto second = io::catalog_input_files(c, std::nullopt, {1, 2});
+  ASSERT_EQ(all.size(), c.base.files.size() + c.experts.at(0).location.files.size());
+  ASSERT_EQ(first.size() + second.size(), all.size());
+  for (std::size_t i = 0; i < all.size(); ++i)
+    EXPECT_EQ((i % 2 == 0 ? first[i / 2] : second[i / 2]).path, all[i].path) << i;
+  EXPECT_EQ(all.front().path, c.base.files.front().path);
   // A merge that does not use the expert is not affected; one that does is refused.
   EXPECT_NO_THROW(io::check_catalog_fresh(c, std::vector<std::string>{}));
   EXPECT_EQ(error_message<InputError>(

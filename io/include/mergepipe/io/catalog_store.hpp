@@ -92,6 +92,12 @@ std::uint64_t catalog_size_bytes(const std::string& path);
 void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only = std::nullopt,
                          FileShare share = {});
 
+// The files a merge of the `only` experts reads, base first and then the selected experts' in
+// catalog order, as recorded in the catalog: `share` of them (what check_catalog_fresh checks).
+// Throws std::invalid_argument for a share index out of range.
+std::vector<FileIdentity> catalog_input_files(const Catalog& catalog, const ExpertSelection& only,
+                                              FileShare share = {});
+
 // Readable multi-line summary (for `mergepipe inspect CATALOG`).
 std::string describe_catalog(const Catalog& catalog);
 
