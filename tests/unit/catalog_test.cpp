@@ -676,7 +676,8 @@ TEST(CatalogModel, TrimGridStepIsExactOrNone) {
 }
 
 // A plan at a density on the grid reads the catalog's stored thresholds instead of inflating the
-// sketches: the same floats as from the sketches, at every density, and the same plan.
+// sketches: the same floats as from the sketches, bit for bit, at every density of the grid (the
+// plan takes nothing else from the sketches, so it is the same plan).
 TEST(CatalogStore, StoresTheThresholdsOfTheDensityGrid) {
   TempDir tmp;
   const Catalog c = synthetic_catalog();
