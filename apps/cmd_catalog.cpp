@@ -16,6 +16,9 @@
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/catalog_store.hpp"
+#include "mergepipe/io/folder_lock.hpp"
+#include "mergepipe/io/output_guard.hpp"
+#include "mergepipe/io/staging.hpp"
 #include "mergepipe/mpi/catalog_build.hpp"
 #include "mergepipe/mpi/cpu_placement.hpp"
 #include "output_style.hpp"
@@ -30,12 +33,58 @@ bool same_folder(const std::string& a, const std::string& b) {
   return std::filesystem::equivalent(a, b, ec);
 }
 
+// A folder left by a catalog build that was killed before writing anything.
+bool holds_only_a_lock(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+    if (entry.path().filename() != io::kFolderLockName) return false;
+  return !ec;
+}
+
+// Rank 0's hold on --out: checked against the inputs, created when new (and removed again if
+// the build fails), locked until the catalog is written.
+class CatalogFolderClaim {
+ public:
+  void take(const std::string& out, const std::string& base,
+            const std::vector<std::string>& experts) {
+    std::vector<io::GuardedInput> inputs{{"base", base}};
+    for (const std::string& e : experts) inputs.push_back({"expert", e});
+    io::check_output_target("catalog: --out", out, inputs);
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(out, ec))) {
+      const fs::path parent = fs::absolute(fs::path(out)).lexically_normal().parent_path();
+      fs::create_directories(parent, ec);
+      if (ec) throw IoError(parent.string() + ": cannot create folder: " + ec.message());
+      if (!fs::create_directory(out, ec) || ec)
+        throw IoError(out + ": cannot create the catalog folder: " +
+                      (ec ? ec.message() : std::string("it appeared meanwhile")));
+      created_ = out;
+    } else if (!io::is_catalog_folder(out) && !holds_only_a_lock(out)) {
+      throw UsageError("catalog: --out " + out +
+                       ": exists and is not a catalog folder; refusing to replace it");
+    }
+    lock_.emplace(out, "catalog " + out +
+                           ": another catalog build or extension is writing it "
+                           "right now");
+  }
+  void keep() { created_.clear(); }
+  ~CatalogFolderClaim() {
+    lock_.reset();
+    if (!created_.empty()) io::remove_tree(created_);
+  }
+
+ private:
+  std::optional<io::FolderLock> lock_;
+  std::string created_;  // removed unless a catalog was written into it
+};
+
 int run_check(CommandContext& ctx, const std::string& path) {
   std::string summary;
   ctx.comm.check(mpi::capture_failure([&] {
                    if (!ctx.comm.is_root()) return;
                    const Catalog cat = io::load_catalog(path);
-                   io::check_catalog_fresh(cat);
+                   io::check_catalog_fresh(cat, std::nullopt, {}, path);
                    summary = "catalog " + path + " is fresh: the base and " +
                              std::to_string(cat.expert_count()) + " expert" +
                              (cat.expert_count() == 1 ? "" : "s") + " are unchanged";
@@ -97,6 +146,15 @@ int cmd_catalog(CommandContext& ctx) {
   build.allow_nonfinite = allow_nonfinite;
   build.threads = threads;
 
+  // Before anything is read: --out is no input, and rank 0 holds the catalog folder's lock until
+  // the catalog is written, so a concurrent build or extension of it fails instead of one of the
+  // two losing its experts.
+  CatalogFolderClaim claim;
+  ctx.comm.check(mpi::capture_failure([&] {
+                   if (ctx.comm.is_root()) claim.take(out, base, experts);
+                 }),
+                 "catalog: claiming --out");
+
   // An existing catalog is extended (unless --force): every rank needs its structure.
   std::vector<std::string> skipped;
   ctx.comm.check(
@@ -104,7 +162,7 @@ int cmd_catalog(CommandContext& ctx) {
         if (!io::is_catalog_folder(out)) return;
         if (force) return;
         Catalog existing = io::load_catalog(out);
-        if (ctx.comm.is_root()) io::check_catalog_fresh(existing);
+        if (ctx.comm.is_root()) io::check_catalog_fresh(existing, std::nullopt, {}, out);
         // Same-architecture families share a family id (it hashes headers only), so
         // only the folder tells another family's base from this one's.
         if (!same_folder(base, existing.base.dir)) {
@@ -152,6 +210,7 @@ int cmd_catalog(CommandContext& ctx) {
         cat.build_seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         io::save_catalog(cat, out);
+        claim.keep();
         catalog_bytes = io::catalog_size_bytes(out);
       }),
       "catalog: writing the catalog");

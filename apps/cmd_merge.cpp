@@ -240,7 +240,12 @@ int cmd_merge(CommandContext& ctx) {
   MergeSpec spec;
   auto failure = mpi::capture_failure([&] {
     if (!ctx.comm.is_root()) return;
+    if (o.out.empty()) throw UsageError("merge: --out is empty: give the output folder");
     spec = io::load_merge_config(o.config);
+    std::vector<io::GuardedInput> inputs{{"config", o.config}, {"base model", spec.base_model}};
+    for (const auto& e : spec.experts) inputs.push_back({"expert", e.path});
+    if (!o.full_read) inputs.push_back({"catalog", o.catalog});
+    check_merge_target("merge", o.pipeline, inputs);
     if (vm->count("seed")) spec.seed = seed;
     if (!o.dtype.empty()) spec.out_dtype = parse_output_dtype(o.dtype);
     spec.validate();
@@ -257,7 +262,10 @@ int cmd_merge(CommandContext& ctx) {
   if (!o.full_read) {
     const auto load_start = std::chrono::steady_clock::now();
     mpi::CatalogRequest request;
-    if (ctx.comm.is_root()) request = {o.catalog, spec.expert_paths(), io::sketch_load_for(spec)};
+    if (ctx.comm.is_root()) {
+      request = {o.catalog, spec.expert_paths(), io::sketch_load_for(spec),
+                 o.pipeline.verify_reads == mpi::VerifyReads::kAll};
+    }
     // The catalog's small files first, together, while the disk is idle; then the base. The
     // base read-ahead is off by default (measured at 483f83f): the merge's own readers, which read
     // the base beside the expert blocks, finished sooner than a read-ahead waited for first (cold,

@@ -15,6 +15,7 @@
 #include "mergepipe/io/catalog_store.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/merge_config.hpp"
+#include "mergepipe/io/output_guard.hpp"
 #include "mergepipe/planner.hpp"
 
 namespace mergepipe::app {
@@ -115,17 +116,24 @@ int cmd_plan(CommandContext& ctx) {
   auto failure = mpi::capture_failure([&] {
     if (!ctx.comm.is_root()) return;
     const MergeSpec spec = io::load_merge_config(o.config);
+    if (vm->count("out")) {
+      std::vector<io::GuardedInput> inputs{
+          {"config", o.config}, {"catalog", o.catalog}, {"base model", spec.base_model}};
+      for (const auto& e : spec.experts) inputs.push_back({"expert", e.path});
+      io::check_output_target("plan: --out", o.out, inputs);
+      io::check_replaceable_plan_file(o.out);
+    }
     // Only the experts this merge uses: their statistics, their freshness.
     const Catalog catalog =
         io::load_catalog(o.catalog, spec.expert_paths(), io::sketch_load_for(spec));
-    io::check_catalog_fresh(catalog, spec.expert_paths());
+    io::check_catalog_fresh(catalog, spec.expert_paths(), {}, o.catalog);
     const PlanRequest request = plan_request_for(spec, o.budget, o.max_error);
     const auto t0 = std::chrono::steady_clock::now();
     Plan plan = make_plan(catalog, spec, request);
     plan.planning_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const nlohmann::json json = plan_to_json(plan);
-    if (!o.out.empty()) io::write_text_file(o.out, json.dump(2) + "\n");
+    if (!o.out.empty()) io::write_file_atomically(o.out, json.dump(2) + "\n");
     if (o.json) {
       std::cout << json.dump(2) << "\n";
     } else {

@@ -72,6 +72,10 @@ int cmd_replay(CommandContext& ctx) {
     task.max_shard_bytes = info.max_shard_bytes;
     task.format = info.format;
     task.full_read = info.full_read;
+    std::vector<io::GuardedInput> inputs{{"manifest", manifest_path},
+                                         {"base model", info.base.dir}};
+    for (const auto& e : info.experts) inputs.push_back({"expert", e.dir});
+    check_merge_target("replay", pipeline, inputs);
     task.base = reopen_checked(info.base, task.tensors, manifest_path);
     for (const auto& e : info.experts)
       task.experts.push_back(reopen_checked(e, task.tensors, manifest_path));

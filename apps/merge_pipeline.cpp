@@ -159,6 +159,12 @@ void finish_run_options(const RunOptionText& text, PipelineOptions& options,
   options.style = parse_output_style(text.style, command);
 }
 
+void check_merge_target(const std::string& command, const PipelineOptions& options,
+                        const std::vector<io::GuardedInput>& inputs) {
+  io::check_output_target(command + ": --out", options.out, inputs);
+  io::check_replaceable_merge_output(options.out, options.force);
+}
+
 std::vector<std::pair<std::string, std::string>> parse_hints(
     const std::vector<std::string>& hints) {
   // Each flag holds one or more comma-separated key=value pairs (MPI-IO hint values never

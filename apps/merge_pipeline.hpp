@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "mergepipe/io/output_guard.hpp"
 #include "mergepipe/merge_task.hpp"
 #include "mergepipe/mpi/cpu_placement.hpp"
 #include "mergepipe/mpi/merge_run.hpp"
@@ -47,6 +48,12 @@ struct PipelineOptions {
   // does; it is collective).
   std::optional<mpi::CpuPlacement> placement;
 };
+
+// Before anything is read or written (rank 0): --out is not, does not hold and does not lie inside
+// any of `inputs`, nor the current folder or a parent of it; an existing --out is replaced only
+// with --force and only when a mergepipe merge wrote it (io/output_guard.hpp).
+void check_merge_target(const std::string& command, const PipelineOptions& options,
+                        const std::vector<io::GuardedInput>& inputs);
 
 // Command-line text of the options merge and replay share, before validation.
 struct RunOptionText {

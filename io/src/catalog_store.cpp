@@ -13,14 +13,17 @@
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <stdexcept>
 
 #include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
+#include "mergepipe/hash.hpp"
 #include "mergepipe/io/byte_counters.hpp"
 #include "mergepipe/io/file.hpp"
+#include "mergepipe/io/folder_lock.hpp"
 #include "mergepipe/io/hdf5_handle.hpp"
 #include "mergepipe/io/hdf5_image.hpp"
 #include "mergepipe/io/safetensors.hpp"
@@ -526,6 +529,7 @@ json location_json(const CheckpointLocation& loc) {
                      {"path", f.path},
                      {"size", f.size},
                      {"mtime_ns", f.mtime_ns},
+                     {"ctime_ns", f.ctime_ns},
                      {"header_hash", f.header_hash}});
   }
   return {{"dir", loc.dir}, {"files", files}};
@@ -539,6 +543,7 @@ void parse_location(const json& j, CheckpointLocation& loc) {
     id.path = f.at("path").get<std::string>();
     id.size = f.at("size").get<std::uint64_t>();
     id.mtime_ns = f.at("mtime_ns").get<std::int64_t>();
+    id.ctime_ns = f.value("ctime_ns", std::int64_t{0});  // absent before it was recorded
     id.header_hash = f.at("header_hash").get<std::string>();
     loc.files.push_back(std::move(id));
   }
@@ -610,18 +615,23 @@ void validate_for_save(const Catalog& c) {
   }
 }
 
-// Removes a temporary folder unless dismissed.
-class TempDir {
+// Removes a temporary file unless it was renamed into place.
+class TempFile {
  public:
-  explicit TempDir(fs::path path) : path_(std::move(path)) {}
-  ~TempDir() {
-    if (path_.empty()) return;
-    std::error_code ec;
-    fs::remove_all(path_, ec);
+  explicit TempFile(fs::path path) : path_(std::move(path)) {}
+  ~TempFile() {
+    if (!path_.empty()) (void)::unlink(path_.c_str());
   }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
   const fs::path& path() const { return path_; }
+  void rename_to(const fs::path& final_path) {
+    if (::rename(path_.c_str(), final_path.c_str()) != 0) {
+      throw IoError(final_path.string() + ": cannot rename " + path_.string() +
+                    " into place: " + std::strerror(errno));
+    }
+    path_.clear();
+  }
 
  private:
   fs::path path_;
@@ -633,38 +643,18 @@ fs::path target_path(const std::string& path) {
   return p;
 }
 
-// Puts the folder `fresh` at `target`, replacing an existing one as a whole. Afterwards `fresh`
-// names the previous folder (or nothing) and is removed by the caller's guard.
-void publish_folder(const fs::path& fresh, const fs::path& target) {
+// A folder save_catalog may write into: absent, empty but for the writers' lock, or a catalog.
+bool holds_only_the_lock(const fs::path& dir) {
   std::error_code ec;
-  if (!fs::exists(target, ec)) {
-    if (::rename(fresh.c_str(), target.c_str()) != 0) {
-      throw IoError(target.string() + ": cannot rename " + fresh.string() +
-                    " into place: " + std::strerror(errno));
-    }
-    return;
-  }
-  // Atomic swap where the file system supports it; readers never see a missing catalog.
-  if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) return;
-  const int err = errno;
-  if (err != EINVAL && err != ENOSYS && err != ENOTSUP) {
-    throw IoError(target.string() + ": cannot replace with " + fresh.string() + ": " +
-                  std::strerror(err));
-  }
-  // Fallback: move the old folder aside, then the new one in.
-  fs::path aside = fresh;
-  aside += ".old";
-  if (::rename(target.c_str(), aside.c_str()) != 0) {
-    throw IoError(target.string() +
-                  ": cannot move the previous catalog aside: " + std::strerror(errno));
-  }
-  if (::rename(fresh.c_str(), target.c_str()) != 0) {
-    const int e2 = errno;
-    (void)::rename(aside.c_str(), target.c_str());
-    throw IoError(target.string() + ": cannot rename " + fresh.string() +
-                  " into place: " + std::strerror(e2));
-  }
-  fs::remove_all(aside, ec);
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().filename() != kFolderLockName) return false;
+  return !ec;
+}
+
+fs::path temp_name(const fs::path& dir, const char* name) {
+  static std::atomic<unsigned> counter{0};
+  return dir / ("." + std::string(name) + ".tmp-" + std::to_string(::getpid()) + "-" +
+                std::to_string(counter++));
 }
 
 }  // namespace
@@ -685,30 +675,24 @@ std::uint64_t catalog_size_bytes(const std::string& path) {
 void save_catalog(const Catalog& catalog, const std::string& path) {
   validate_for_save(catalog);
   const fs::path target = target_path(path);
+  refuse_link_or_non_folder(target.string(), "catalog folder");
   std::error_code ec;
-  if (fs::exists(target, ec) && !is_catalog_folder(target.string())) {
+  if (fs::exists(target, ec) && !is_catalog_folder(target.string()) &&
+      !holds_only_the_lock(target)) {
     throw UsageError(target.string() +
                      ": exists and is not a catalog folder; refusing to replace it");
   }
-  const fs::path parent = target.parent_path();
-  fs::create_directories(parent, ec);
-  if (ec) throw IoError(parent.string() + ": cannot create folder: " + ec.message());
+  fs::create_directories(target, ec);
+  if (ec) throw IoError(target.string() + ": cannot create folder: " + ec.message());
 
-  static std::atomic<unsigned> counter{0};
-  std::string tmp_name = ".";
-  tmp_name.append(target.filename().string()).append(".tmp-");
-  tmp_name.append(std::to_string(::getpid())).append("-").append(std::to_string(counter++));
-  const fs::path tmp_path = parent / tmp_name;
-  TempDir tmp(tmp_path);
-  if (!fs::create_directory(tmp.path(), ec) || ec) {
-    throw IoError(tmp.path().string() +
-                  ": cannot create folder: " + (ec ? ec.message() : std::string("already exists")));
-  }
-  const std::string h5_path = (tmp.path() / kCatalogH5Name).string();
-  const std::string json_path = (tmp.path() / kCatalogJsonName).string();
-  write_h5(catalog, h5_path);
-  File(h5_path, File::Mode::kRead).sync();
-  const std::uint64_t h5_size = stat_identity(h5_path).size;
+  // Written beside the files they replace, then renamed over them, the .h5 first: the folder
+  // keeps whatever else it holds, and a reader sees the old pair, the new pair, or a new .h5
+  // with the old summary, which load_catalog refuses (their expert counts differ).
+  TempFile h5(temp_name(target, kCatalogH5Name));
+  TempFile summary(temp_name(target, kCatalogJsonName));
+  write_h5(catalog, h5.path().string());
+  File(h5.path().string(), File::Mode::kRead).sync();
+  const std::uint64_t h5_size = stat_identity(h5.path().string()).size;
 
   // catalog_bytes includes the JSON itself, whose length depends on that number (and on the
   // printed fraction): grow the assumed length until the text fits, then pad with whitespace.
@@ -720,10 +704,11 @@ void save_catalog(const Catalog& catalog, const std::string& path) {
     json_size = text.size();
   }
   text.insert(text.size() - 1, json_size - text.size(), ' ');
-  write_text_file(json_path, text);
-  sync_directory(tmp.path().string());
-  publish_folder(tmp.path(), target);
-  sync_directory(parent.string());
+  write_text_file(summary.path().string(), text);
+  h5.rename_to(target / kCatalogH5Name);
+  summary.rename_to(target / kCatalogJsonName);
+  sync_directory(target.string());
+  sync_directory(target.parent_path().string());
 }
 
 std::vector<bool> selected_experts(const Catalog& c, const ExpertSelection& only) {
@@ -986,10 +971,74 @@ std::vector<FileIdentity> catalog_input_files(const Catalog& catalog, const Expe
   return files;
 }
 
-void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only, FileShare share) {
-  const auto check = [](const FileIdentity& recorded) {
-    const std::string prefix = "stale catalog: " + recorded.path +
-                               " changed since it was catalogued (size/mtime/header differ: ";
+namespace {
+
+std::string stale_prefix(const FileIdentity& recorded) {
+  return "stale catalog: " + recorded.path + " changed since it was catalogued (";
+}
+
+// Where a recorded file sits: the base (expert -1) or expert k, and its index in that location.
+struct FileOwner {
+  int expert = -1;
+  std::size_t file = 0;
+};
+std::optional<FileOwner> owner_of(const Catalog& c, const std::string& path) {
+  for (std::size_t i = 0; i < c.base.files.size(); ++i)
+    if (c.base.files[i].path == path) return FileOwner{-1, i};
+  for (std::size_t k = 0; k < c.experts.size(); ++k) {
+    const auto& files = c.experts[k].location.files;
+    for (std::size_t i = 0; i < files.size(); ++i)
+      if (files[i].path == path) return FileOwner{static_cast<int>(k), i};
+  }
+  return std::nullopt;
+}
+
+// The catalogued content hash of every block of one source, or nothing when not loaded.
+std::vector<std::uint64_t> block_hashes_of(const Catalog& c, int expert) {
+  if (expert < 0) return c.base_block_hashes;
+  std::vector<std::uint64_t> out;
+  for (const BlockStats& s : c.experts[static_cast<std::size_t>(expert)].blocks)
+    out.push_back(s.hash);
+  return out;
+}
+
+// Reads every block stored in `recorded` and compares it with the catalog's hash: a file whose
+// inode changed while its size, mtime and header stayed (a chmod; or bytes rewritten and the
+// mtime put back) is fresh only if its content is.
+void check_file_content(const Catalog& c, const FileOwner& owner, const FileIdentity& recorded) {
+  const CheckpointLocation& loc =
+      owner.expert < 0 ? c.base : c.experts[static_cast<std::size_t>(owner.expert)].location;
+  const std::vector<std::uint64_t> hashes = block_hashes_of(c, owner.expert);
+  if (hashes.size() != c.blocking.blocks.size()) {
+    throw InputError(stale_prefix(recorded) +
+                     "its inode change time differs, and the catalog holds no block hashes to "
+                     "check its content; rebuild the catalog)");
+  }
+  const File file(recorded.path, File::Mode::kRead);
+  std::vector<std::byte> buffer;
+  std::uint64_t bytes = 0;
+  for (std::size_t b = 0; b < c.blocking.blocks.size(); ++b) {
+    const Block& blk = c.blocking.blocks[b];
+    if (loc.tensor_file[blk.tensor] != owner.file) continue;
+    buffer.resize(blk.byte_length);
+    file.read_at(loc.tensor_offset[blk.tensor] + blk.byte_begin, buffer);
+    bytes += blk.byte_length;
+    if (hash64(buffer.data(), buffer.size()) != hashes[b]) {
+      throw InputError(stale_prefix(recorded) + "block " + std::to_string(b) + " of tensor '" +
+                       c.tensors[blk.tensor].name +
+                       "' holds other bytes, though size, mtime and header are as catalogued)");
+    }
+  }
+  global_byte_counters().add(owner.expert < 0 ? ByteCategory::kBase : ByteCategory::kExpert, bytes);
+}
+
+}  // namespace
+
+void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only, FileShare share,
+                         const std::string& catalog_path, bool every_block) {
+  std::vector<FileIdentity> inode_changed;
+  const auto check = [&](const FileIdentity& recorded) {
+    const std::string prefix = stale_prefix(recorded) + "size/mtime/header differ: ";
     // A missing file makes the catalog stale (exit 3); storage that fails to answer is an I/O
     // error (exit 4) and is reported as such, with the file and offset.
     std::error_code ec;
@@ -1010,12 +1059,35 @@ void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only, Fi
     if (header_hash != recorded.header_hash) {
       diffs.push_back(header_hash.empty() ? "header no longer valid" : "header");
     }
-    if (diffs.empty()) return;
+    if (diffs.empty()) {
+      if (every_block || (recorded.ctime_ns != 0 && now.ctime_ns != recorded.ctime_ns))
+        inode_changed.push_back(recorded);
+      return;
+    }
     std::string what;
     for (std::size_t i = 0; i < diffs.size(); ++i) what += (i ? ", " : "") + diffs[i];
     throw InputError(prefix + what + ")");
   };
   for (const FileIdentity& f : catalog_input_files(catalog, only, share)) check(f);
+  if (inode_changed.empty()) return;
+
+  // Their content decides; the block hashes come from catalog.h5 when `catalog` lacks them.
+  std::optional<Catalog> loaded;
+  const Catalog* with_hashes = &catalog;
+  for (const FileIdentity& f : inode_changed) {
+    std::optional<FileOwner> owner = owner_of(*with_hashes, f.path);
+    const bool has_hashes = owner &&
+                            block_hashes_of(*with_hashes, owner->expert).size() ==
+                                with_hashes->blocking.blocks.size() &&
+                            !with_hashes->tensors.empty();
+    if (!has_hashes && !loaded && !catalog_path.empty()) {
+      loaded = load_catalog(catalog_path, only, SketchLoad{SketchLoad::Kind::kNone, {}});
+      with_hashes = &*loaded;
+      owner = owner_of(*with_hashes, f.path);
+    }
+    if (!owner) throw InputError(stale_prefix(f) + "it is no longer in the catalog)");
+    check_file_content(*with_hashes, *owner, f);
+  }
 }
 
 std::string describe_catalog(const Catalog& c) {

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -46,6 +47,9 @@ File::File(const std::string& path, Mode mode) : path_(path) {
       break;
     case Mode::kReadWrite:
       flags |= O_RDWR | O_CREAT;
+      break;
+    case Mode::kCreateNew:
+      flags |= O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW;
       break;
     case Mode::kAppend:
       flags |= O_WRONLY | O_CREAT | O_APPEND;
@@ -252,6 +256,7 @@ FileIdentity stat_identity(const std::string& path) {
   id.path = path;
   id.size = static_cast<std::uint64_t>(st.st_size);
   id.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  id.ctime_ns = static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
   return id;
 }
 
@@ -266,6 +271,29 @@ void write_text_file(const std::string& path, const std::string& text) {
   File f(path, File::Mode::kCreateWrite);
   f.write_at(0, std::as_bytes(std::span(text.data(), text.size())));
   f.sync();
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  static std::atomic<unsigned> counter{0};
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string tmp = (slash == std::string::npos ? std::string() : dir) + "." + name +
+                          ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  File f(tmp, File::Mode::kCreateNew);
+  try {
+    f.write_at(0, std::as_bytes(std::span(text.data(), text.size())));
+    f.sync();
+  } catch (...) {
+    (void)::unlink(tmp.c_str());
+    throw;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    (void)::unlink(tmp.c_str());
+    throw IoError(path + ": cannot rename " + tmp + " into place: " + errno_text(err));
+  }
+  sync_directory(dir);
 }
 
 void sync_directory(const std::string& path) {

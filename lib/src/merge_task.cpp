@@ -17,7 +17,7 @@ void serialize(Archive& ar, TensorInfo& t) {
 }
 template <class Archive>
 void serialize(Archive& ar, FileIdentity& f) {
-  ar(f.path, f.size, f.mtime_ns, f.header_hash);
+  ar(f.path, f.size, f.mtime_ns, f.ctime_ns, f.header_hash);
 }
 template <class Archive>
 void serialize(Archive& ar, CheckpointLocation& c) {

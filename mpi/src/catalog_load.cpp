@@ -29,6 +29,7 @@ std::string pack_request(const CatalogRequest& r) {
   }
   p.put(r.sketches.kind);
   p.put_vector(r.sketches.densities);
+  p.put<std::uint8_t>(r.check_every_block);
   return p.out;
 }
 
@@ -42,6 +43,7 @@ CatalogRequest unpack_request(const std::string& bytes) {
   }
   r.sketches.kind = u.get<io::SketchLoad::Kind>();
   r.sketches.densities = u.get_vector<double>();
+  r.check_every_block = u.get<std::uint8_t>() != 0;
   return r;
 }
 
@@ -65,11 +67,12 @@ Catalog load_checked_catalog(const Comm& comm, const CatalogRequest& request,
     if (comm.is_root()) {
       if (root_before_load) root_before_load();
       catalog = io::load_catalog(r.path, r.only, r.sketches);
-      if (alone) io::check_catalog_fresh(catalog, r.only);
+      if (alone) io::check_catalog_fresh(catalog, r.only, {}, r.path, r.check_every_block);
       return;
     }
     // The file identities come from catalog.json alone.
-    io::check_catalog_fresh(io::load_catalog_summary(r.path), r.only, share);
+    io::check_catalog_fresh(io::load_catalog_summary(r.path), r.only, share, r.path,
+                            r.check_every_block);
   });
   comm.check(failure, "load catalog");
   return catalog;

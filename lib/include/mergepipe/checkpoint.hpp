@@ -17,6 +17,9 @@ struct FileIdentity {
   std::uint64_t size = 0;
   std::int64_t mtime_ns = 0;
   std::string header_hash;  // hash128_hex of the safetensors header bytes (8 + N)
+  // Inode change time: moves on every write and cannot be set back (touch -r restores mtime
+  // only). 0: not recorded (catalogs from before it was).
+  std::int64_t ctime_ns = 0;
   bool operator==(const FileIdentity&) const = default;
 };
 

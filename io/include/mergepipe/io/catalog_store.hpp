@@ -89,8 +89,14 @@ std::uint64_t catalog_size_bytes(const std::string& path);
 // (...)" on the first difference, or when a file is missing or unreadable. An expert a merge does
 // not use may change without making the catalog stale for that merge. With a share, only that
 // share of the files, listed base first and then the selected experts' in catalog order.
+// mtime can be put back (touch -r): a file whose inode change time moved while size, mtime and
+// header stayed is read in full and each block compared with the catalog's content hash (a chmod
+// costs one read of the file; changed bytes are a stale catalog naming the block). The hashes
+// come from `catalog`, or from catalog.h5 at `catalog_path` when it holds only the summary.
+// `every_block`: every file of the share is read so (`merge --verify-reads all`).
 void check_catalog_fresh(const Catalog& catalog, const ExpertSelection& only = std::nullopt,
-                         FileShare share = {});
+                         FileShare share = {}, const std::string& catalog_path = "",
+                         bool every_block = false);
 
 // The files a merge of the `only` experts reads, base first and then the selected experts' in
 // catalog order, as recorded in the catalog: `share` of them (what check_catalog_fresh checks).

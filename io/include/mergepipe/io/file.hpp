@@ -16,7 +16,8 @@ class File {
     kRead,
     kCreateWrite /* O_CREAT|O_TRUNC */,
     kReadWrite /* O_CREAT, no trunc */,
-    kAppend /* O_CREAT|O_APPEND: each write lands whole at the end */
+    kAppend /* O_CREAT|O_APPEND: each write lands whole at the end */,
+    kCreateNew /* O_CREAT|O_EXCL|O_NOFOLLOW: a new file, never an existing one or a link */
   };
   File() = default;
   File(const std::string& path, Mode mode);  // throws IoError (missing file, permissions, ...)
@@ -93,6 +94,10 @@ FileIdentity stat_identity(const std::string& path);
 std::string read_text_file(const std::string& path);
 // Writes a small file in full and fsyncs it.
 void write_text_file(const std::string& path, const std::string& text);
+// Replaces `path` as a whole: the text goes to a new temporary file beside it (created with
+// O_EXCL | O_NOFOLLOW, so no link planted there is followed), fsynced, renamed over `path`. A
+// reader sees the old file or the new one; a failure leaves the old one.
+void write_file_atomically(const std::string& path, const std::string& text);
 // fsync a directory (after renames inside it).
 void sync_directory(const std::string& path);
 

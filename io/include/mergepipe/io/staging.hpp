@@ -8,7 +8,10 @@
 // was killed leaves its staging folder behind; the next run of the same task (same resume key)
 // keeps what is there and continues (io/resume_journal.hpp), any other task starts it afresh. A
 // run that fails with an error removes its staging folder.
+#include <optional>
 #include <string>
+
+#include "mergepipe/io/folder_lock.hpp"
 
 namespace mergepipe::io {
 
@@ -34,15 +37,19 @@ class StagingFolder {
   // True when a leftover of the same task was kept: its journals say what is already done.
   bool resumed() const noexcept { return resumed_; }
   // Removes the resume bookkeeping, fsyncs every file and the folder, renames it onto the target
-  // (replacing an existing target when allowed), fsyncs the parent.
+  // (replacing an existing target when allowed: the target holds the old output or the new one
+  // at every instant), fsyncs the parent.
   void publish();
 
  private:
+  void reclaim_replaced();
+  void publish_replacing(const std::string& parent);
+
   std::string target_, path_;
   bool replace_ = false;
   bool published_ = false;
   bool resumed_ = false;
-  int lock_fd_ = -1;
+  std::optional<FolderLock> lock_;
 };
 
 // Path of the staging folder for a target (without creating it).

@@ -16,6 +16,9 @@ struct CatalogRequest {
   std::string path;
   io::ExpertSelection only;  // the merge's expert folders (io::load_catalog)
   io::SketchLoad sketches = io::SketchLoad::none();
+  // --verify-reads all: every block of every file is read and compared with its content hash,
+  // not only those of files whose inode changed.
+  bool check_every_block = false;
 };
 
 // Collective; `request` is rank 0's (broadcast). Rank 0 reads catalog.h5 into its page cache,
