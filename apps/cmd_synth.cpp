@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
+#include "mergepipe/io/output_guard.hpp"
 #include "mergepipe/io/staging.hpp"
 #include "mergepipe/io/synth_family.hpp"
 #include "mergepipe/synth/generator.hpp"
@@ -32,6 +33,7 @@ DType parse_synth_dtype(const std::string& text) {
 // holds a previous family (family.json), so a mistyped path never deletes unrelated data.
 // Returns whether the target exists (and will be replaced).
 bool check_out_folder(const std::string& out, bool force) {
+  io::check_output_target("synth: --out", out, {});
   std::error_code ec;
   const fs::path target(out);
   if (!fs::exists(fs::symlink_status(target, ec))) return false;
