@@ -109,8 +109,9 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
       "start afresh even if a killed run of the same merge left its staging folder")(
       "verify-reads", po::value(&text.verify_reads)->default_value("first"),
       "check expert reads against the catalog's block hashes: first (the first block read from "
-      "each file), all, or off")("mpiio-hint", po::value(&text.hints)->composing(),
-                                 "MPI-IO hint key=value for the output files (repeatable)")(
+      "each file), all (every block read, and every block of every input file before the merge), "
+      "or off")("mpiio-hint", po::value(&text.hints)->composing(),
+                "MPI-IO hint key=value for the output files (repeatable)")(
       "input-io", po::value(&text.input_io)->default_value("auto"),
       "how inputs read once are read: direct (O_DIRECT, around the page cache), buffered, or "
       "auto (direct for files not already cached)")(
