@@ -228,6 +228,8 @@ int cmd_merge(CommandContext& ctx) {
                                      pos, ctx.args, ctx.comm.is_root());
   if (!vm) return 0;
   if (vm->count("max-error")) o.max_error = max_error;
+  if (vm->count("budget") && o.budget.empty())
+    throw UsageError("merge: --budget is empty (forms: 25%, 12GiB, 900MB, 4096)");
   if (o.format != "safetensors" && o.format != "hdf5")
     throw UsageError("merge: --format must be safetensors or hdf5");
   finish_run_options(run_text, o.pipeline, "merge");

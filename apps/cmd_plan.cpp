@@ -111,6 +111,8 @@ int cmd_plan(CommandContext& ctx) {
       pos, ctx.args, ctx.comm.is_root());
   if (!vm) return 0;
   if (vm->count("max-error")) o.max_error = max_error;
+  if (vm->count("budget") && o.budget.empty())
+    throw UsageError("plan: --budget is empty (forms: 25%, 12GiB, 900MB, 4096)");
 
   // Rank 0 plans; the others learn only whether it worked, so every rank exits with its code.
   auto failure = mpi::capture_failure([&] {

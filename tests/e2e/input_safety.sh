@@ -30,6 +30,7 @@ for np in 1 2; do
   expect_exit 2 "is the current folder" merge --out . --force
   expect_exit 2 "is a parent of the current folder" merge --out .. --force
   expect_exit 2 "merge: --out is empty" merge --out ''
+  expect_exit 2 "merge: --budget is empty" run_np "$np" merge c.yaml --catalog cat --budget '' --out b
   expect_exit 2 "refusing to replace a folder that no mergepipe merge wrote .*would delete its 1 entry \(notes.txt\)" \
     merge --out user --force
   ln -sfn fam/base link-out
