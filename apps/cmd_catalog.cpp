@@ -33,14 +33,6 @@ bool same_folder(const std::string& a, const std::string& b) {
   return std::filesystem::equivalent(a, b, ec);
 }
 
-// A folder left by a catalog build that was killed before writing anything.
-bool holds_only_a_lock(const std::string& dir) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
-    if (entry.path().filename() != io::kFolderLockName) return false;
-  return !ec;
-}
-
 // Rank 0's hold on --out: checked against the inputs, created when new (and removed again if
 // the build fails), locked until the catalog is written.
 class CatalogFolderClaim {
@@ -60,7 +52,7 @@ class CatalogFolderClaim {
         throw IoError(out + ": cannot create the catalog folder: " +
                       (ec ? ec.message() : std::string("it appeared meanwhile")));
       created_ = out;
-    } else if (!io::is_catalog_folder(out) && !holds_only_a_lock(out)) {
+    } else if (!io::is_catalog_folder(out) && !io::holds_only_the_lock(out)) {
       throw UsageError("catalog: --out " + out +
                        ": exists and is not a catalog folder; refusing to replace it");
     }

@@ -242,7 +242,6 @@ int cmd_merge(CommandContext& ctx) {
   MergeSpec spec;
   auto failure = mpi::capture_failure([&] {
     if (!ctx.comm.is_root()) return;
-    if (o.out.empty()) throw UsageError("merge: --out is empty: give the output folder");
     spec = io::load_merge_config(o.config);
     std::vector<io::GuardedInput> inputs{{"config", o.config}, {"base model", spec.base_model}};
     for (const auto& e : spec.experts) inputs.push_back({"expert", e.path});

@@ -643,14 +643,6 @@ fs::path target_path(const std::string& path) {
   return p;
 }
 
-// A folder save_catalog may write into: absent, empty but for the writers' lock, or a catalog.
-bool holds_only_the_lock(const fs::path& dir) {
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.path().filename() != kFolderLockName) return false;
-  return !ec;
-}
-
 fs::path temp_name(const fs::path& dir, const char* name) {
   static std::atomic<unsigned> counter{0};
   return dir / ("." + std::string(name) + ".tmp-" + std::to_string(::getpid()) + "-" +
@@ -678,7 +670,7 @@ void save_catalog(const Catalog& catalog, const std::string& path) {
   refuse_link_or_non_folder(target.string(), "catalog folder");
   std::error_code ec;
   if (fs::exists(target, ec) && !is_catalog_folder(target.string()) &&
-      !holds_only_the_lock(target)) {
+      !holds_only_the_lock(target.string())) {
     throw UsageError(target.string() +
                      ": exists and is not a catalog folder; refusing to replace it");
   }

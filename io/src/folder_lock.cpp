@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "mergepipe/error.hpp"
 
@@ -21,6 +22,13 @@ void refuse_link_or_non_folder(const std::string& path, const std::string& what)
   }
   if (!S_ISDIR(st.st_mode))
     throw UsageError(path + ": " + what + " exists and is not a folder (remove it)");
+}
+
+bool holds_only_the_lock(const std::string& folder) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec))
+    if (entry.path().filename() != kFolderLockName) return false;
+  return !ec;
 }
 
 FolderLock::FolderLock(const std::string& folder, const std::string& busy)

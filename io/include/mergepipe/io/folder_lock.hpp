@@ -27,6 +27,9 @@ class FolderLock {
   int fd_ = -1;
 };
 
+// True when `folder` holds nothing but a lock file (left by a writer killed before it wrote).
+bool holds_only_the_lock(const std::string& folder);
+
 // UsageError when `path` exists and is a symbolic link or not a folder: writers never follow a
 // link at a path they create or reclaim.
 void refuse_link_or_non_folder(const std::string& path, const std::string& what);
