@@ -1,6 +1,9 @@
 #include "mergepipe/merge_spec.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 
 #include "mergepipe/error.hpp"
 
@@ -54,9 +57,19 @@ std::vector<std::string> MergeSpec::expert_paths() const {
   return paths;
 }
 
+double MergeSpec::weight_scale() const {
+  double largest = 0;
+  for (const auto& e : experts)
+    if (std::isfinite(e.weight)) largest = std::max(largest, std::fabs(e.weight));
+  // Ordinary weights are left as they are (their plans and bounds do not change).
+  if (!effective_normalize() || largest == 0.0 ||
+      (largest >= std::ldexp(1.0, -60) && largest <= std::ldexp(1.0, 60)))
+    return 1.0;
+  return std::ldexp(1.0, -std::ilogb(largest));
+}
+
 void MergeSpec::validate() const {
   if (experts.empty()) throw UsageError("config: 'models' lists no expert to merge");
-  double weight_sum = 0;
   for (const auto& e : experts) {
     if (!std::isfinite(e.weight))
       throw UsageError("config: model '" + e.path + "': weight is not finite");
@@ -64,11 +77,26 @@ void MergeSpec::validate() const {
       throw UsageError("config: model '" + e.path + "': density " + std::to_string(e.density) +
                        " is outside (0, 1]");
     }
-    weight_sum += e.weight;
   }
-  if (!std::isfinite(weight_sum))
-    throw UsageError("config: the weights are too large: their sum overflows");
   if (!std::isfinite(lambda)) throw UsageError("config: parameter 'lambda' is not finite");
+  const double scale = weight_scale();
+  double weight_sum = 0;
+  for (const auto& e : experts) {
+    const double w = e.weight * scale;
+    // Unnormalised, each term λ·w·Δ is formed in fp32 (and linear scales the base by Σw).
+    if (scale == 1.0 && std::fabs(w * (method == MergeMethod::kLinear ? 1.0 : lambda)) >
+                            static_cast<double>(std::numeric_limits<float>::max())) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%g", e.weight);
+      throw UsageError("config: model '" + e.path + "': weight " + text +
+                       " is beyond fp32 range without 'normalize: true'");
+    }
+    weight_sum += w;
+  }
+  if (!std::isfinite(weight_sum) ||
+      (scale == 1.0 && method == MergeMethod::kLinear &&
+       std::fabs(weight_sum) > static_cast<double>(std::numeric_limits<float>::max())))
+    throw UsageError("config: the weights are too large: their sum overflows");
   // TIES and DARE-TIES divide by the weights of the agreeing experts (a zero divisor counts as 1);
   // the other methods divide by the whole sum.
   if (effective_normalize() && weight_sum == 0.0 && !uses_sign_election(method)) {
@@ -79,7 +107,10 @@ void MergeSpec::validate() const {
 Coefficients additive_coefficients(const MergeSpec& spec) {
   Coefficients c;
   double weight_sum = 0;
-  for (const auto& e : spec.experts) weight_sum += e.weight;
+  // Normalised coefficients are formed from the scaled weights: w/Σw does not depend on it, and
+  // Σw can then neither overflow nor underflow.
+  const double scale = spec.weight_scale();
+  for (const auto& e : spec.experts) weight_sum += e.weight * scale;
   const bool normalize = spec.effective_normalize();
   c.alpha.reserve(spec.experts.size());
   switch (spec.method) {
@@ -87,7 +118,7 @@ Coefficients additive_coefficients(const MergeSpec& spec) {
       // Σ w θ / Σ w = θ0 + Σ (w/Σw) Δ;  Σ w θ = (Σw) θ0 + Σ w Δ.
       c.base_scale = normalize ? 1.0 : weight_sum;
       for (const auto& e : spec.experts)
-        c.alpha.push_back(normalize ? e.weight / weight_sum : e.weight);
+        c.alpha.push_back(normalize ? e.weight * scale / weight_sum : e.weight);
       break;
     default:
       // θ0 + λ Σ w Δ (/Σw when normalized; dare_linear is task arithmetic on the rescaled
@@ -95,9 +126,9 @@ Coefficients additive_coefficients(const MergeSpec& spec) {
       // sign election; the planner uses it as |α_k|.
       c.base_scale = 1.0;
       for (const auto& e : spec.experts) {
-        double a = spec.lambda * e.weight;
+        double a = spec.lambda * (e.weight * scale);
         if (normalize && !uses_sign_election(spec.method))
-          a /= weight_sum;  // task arithmetic, dare_linear
+          a = spec.lambda * (e.weight * scale) / weight_sum;  // task arithmetic, dare_linear
         c.alpha.push_back(a);
       }
       break;

@@ -310,8 +310,9 @@ OperatorConfig OperatorConfig::from_spec(const MergeSpec& spec) {
   cfg.seed = spec.seed;
   cfg.weights.reserve(spec.experts.size());
   cfg.densities.reserve(spec.experts.size());
+  const double scale = spec.weight_scale();
   for (const ExpertSpec& e : spec.experts) {
-    cfg.weights.push_back(static_cast<float>(e.weight));
+    cfg.weights.push_back(static_cast<float>(e.weight * scale));
     cfg.densities.push_back(static_cast<float>(e.density));
   }
   return cfg;

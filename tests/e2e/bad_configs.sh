@@ -51,7 +51,23 @@ w='models:\n  - {model: fam/expert00, parameters: {weight: %s}}\n  - {model: fam
 refused 2 "bad\.yaml:4: key 'models\[0\]\.parameters\.weight': '\.inf' is not a finite number" "${head}$(printf "$w" .inf 1)"
 refused 1 "bad\.yaml:5: key 'models\[1\]\.parameters\.weight': '1e999' is not a finite number" "${head}$(printf "$w" 1 1e999)"
 refused 1 "bad\.yaml:4: key 'models\[0\]\.parameters\.weight': expected a number, got 'heavy'" "${head}$(printf "$w" heavy 1)"
-refused 1 "bad\.yaml: config: the weights are too large: their sum overflows" "${head}$(printf "$w" 1e308 1e308)"
+refused 1 "bad\.yaml: config: model '.*/fam/expert00': weight 1e\+300 is beyond fp32 range without 'normalize: true'" \
+  "${head}parameters: {normalize: false}\n$(printf "$w" 1e300 1)"
+refused 1 "bad\.yaml: config: the weights are too large: their sum overflows" \
+  "merge_method: task_arithmetic\nbase_model: fam/base\nparameters: {lambda: 1e-300}\n$(printf "$w" 1e308 1e308)"
+# normalize is invariant to the weights' scale: weights of 1e-50 or 1e308 (whose fp32 values
+# underflow or overflow) merge exactly as weights of 1 do.
+for scale in 1 1e-50 1e308; do
+  printf "${head}$(printf "$w" "$scale" "$scale")" >"scale.yaml"
+  "$MERGEPIPE" merge scale.yaml --catalog cat --budget 60% --out "scaled-$scale" --quiet ||
+    fail "weights of $scale with normalize: exit $?"
+done
+for scale in 1e-50 1e308; do
+  "$MERGEPIPE" verify "scaled-$scale" --against scaled-1 --max-rel-l2 0 >/dev/null ||
+    fail "weights of $scale merged other values than weights of 1"
+  cmp -s "scaled-$scale/model.safetensors" scaled-1/model.safetensors ||
+    fail "weights of $scale: other bytes than weights of 1"
+done
 refused 1 "bad\.yaml: config: the weights sum to 0, so 'normalize: true' cannot divide by them" "${head}$(printf "$w" 1 -1)"
 refused 1 "bad\.yaml:4: key 'parameters\.lambda': '\.nan' is not a finite number" "${head}models: [fam/expert00]\nparameters: {lambda: .nan}\n"
 d='merge_method: ties\nbase_model: fam/base\nmodels:\n  - {model: fam/expert00, parameters: {density: %s}}\n'

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mergepipe/dare_mask.hpp"
+#include "mergepipe/error.hpp"
 #include "mergepipe/magnitude_sketch.hpp"
 #include "mergepipe/merge_spec.hpp"
 
@@ -572,4 +573,50 @@ TEST(DareMask, MergeUsesThePerExpertStreams) {
         dare_keep(9, 1, 77, i, 0.6f) && v != 0.0f ? f.base[i] + 0.5f * v : f.base[i] + 0.5f * 0.0f;
     ASSERT_EQ(bits_of(out[i]), bits_of(expected)) << i;
   }
+}
+
+// normalize makes a merge invariant to the weights' scale: weights whose fp32 values would
+// underflow (1e-50) or overflow (1e308) merge bit for bit as the same weights near 1.
+TEST(Operators, NormalizedWeightsOfAnyScaleMergeAsScaledCopies) {
+  const std::vector<float> base = {.25f, -.5f, 1.f, 0.f, .125f, -2.f, .75f, .5f};
+  const std::vector<const float*> deltas = {kTau1.data(), kTau2.data()};
+  for (MergeMethod method : {MergeMethod::kLinear, MergeMethod::kTaskArithmetic, MergeMethod::kTies,
+                             MergeMethod::kDareTies}) {
+    const auto merge_with = [&](double w0, double w1) {
+      MergeSpec spec;
+      spec.method = method;
+      spec.normalize = true;
+      spec.experts = {{"a", w0, 1.0}, {"b", w1, 1.0}};
+      spec.validate();
+      const OperatorConfig cfg = OperatorConfig::from_spec(spec);
+      for (float w : cfg.weights) EXPECT_TRUE(std::isfinite(w) && w != 0.0f) << w;
+      const std::vector<float> thresholds = {0.2f, 0.3f};
+      TensorContext tctx;
+      tctx.thresholds = thresholds;
+      return merge_all(cfg, tctx, base, deltas);
+    };
+    const std::vector<float> reference = merge_with(1.0, 3.0);
+    for (double scale : {0x1p-200, 0x1p200, 0x1p1000}) {
+      expect_same_bits(merge_with(scale, 3 * scale), reference, "power-of-two scale");
+    }
+    // Scales that are not powers of two, whose sum overflows double unscaled: the same merge
+    // up to the rounding of the weights' ratio.
+    const std::vector<float> tiny = merge_with(1e-50, 3e-50), huge = merge_with(1e308, 1.5e308);
+    const std::vector<float> near_huge = merge_with(1.0, 1.5);
+    for (std::size_t i = 0; i < reference.size(); ++i) {
+      EXPECT_NEAR(tiny[i], reference[i], 1e-6) << i;
+      EXPECT_NEAR(huge[i], near_huge[i], 1e-6) << i;
+    }
+  }
+}
+
+// Without normalize the weights are used as given, so one beyond fp32 is refused up front.
+TEST(Operators, UnnormalizedWeightBeyondFp32IsAUsageError) {
+  MergeSpec spec;
+  spec.method = MergeMethod::kTaskArithmetic;
+  spec.normalize = false;
+  spec.experts = {{"a", 1e300, 1.0}};
+  EXPECT_THROW(spec.validate(), UsageError);
+  spec.lambda = 1e-290;  // λ·w = 1e10 fits
+  EXPECT_NO_THROW(spec.validate());
 }

@@ -39,6 +39,10 @@ struct MergeSpec {
   std::optional<std::string> budget;  // as written ("25%", "12GiB", ...)
 
   bool effective_normalize() const { return normalize.value_or(default_normalize(method)); }
+  // When normalize makes the merge invariant to the weights' scale and the largest |weight| is
+  // outside [2^-60, 2^60]: the power of two that brings it into [1, 2), else 1. Weights of 1e-50
+  // or 1e308 then merge in fp32 exactly as their scaled copies would.
+  double weight_scale() const;
   // The experts' folders, in config order.
   std::vector<std::string> expert_paths() const;
   // Throws UsageError naming the problem: no experts, weight not finite, density outside (0, 1],
