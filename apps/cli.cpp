@@ -6,6 +6,28 @@
 
 namespace mergepipe::app {
 
+namespace {
+
+// A multi-value option given no value takes the next option as one (`--experts --out cat`
+// would make `--out` and `cat` expert folders and then report `--out` as missing).
+void reject_options_taken_as_values(const std::string& command,
+                                    const po::options_description& options,
+                                    const po::variables_map& vm) {
+  for (const auto& [name, value] : vm) {
+    const auto* tokens = boost::any_cast<std::vector<std::string>>(&value.value());
+    if (tokens == nullptr) continue;
+    for (const std::string& token : *tokens) {
+      if (token.size() < 3 || token.compare(0, 2, "--") != 0) continue;
+      const std::string option = token.substr(2, token.find('=') - 2);
+      if (options.find_nothrow(option, false) == nullptr && option != "help") continue;
+      throw UsageError(command + ": --" + name + " needs at least one value before --" + option +
+                       " (see 'mergepipe " + command + " --help')");
+    }
+  }
+}
+
+}  // namespace
+
 std::optional<po::variables_map> parse_command_line(
     const std::string& command, const std::string& synopsis, po::options_description options,
     const po::positional_options_description& positional, const std::vector<std::string>& args,
@@ -19,6 +41,7 @@ std::optional<po::variables_map> parse_command_line(
         std::cout << "usage: mergepipe " << command << " " << synopsis << "\n\n" << options << "\n";
       return std::nullopt;
     }
+    reject_options_taken_as_values(command, options, vm);
     po::notify(vm);
   } catch (const po::error& e) {
     throw UsageError(command + ": " + e.what() + " (see 'mergepipe " + command + " --help')");

@@ -2,6 +2,7 @@
 // overall; without, recomputes DIR's output hashes and checks them against its manifest.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
@@ -119,6 +120,17 @@ int compare_models(const std::string& dir, const std::string& against, bool json
 
 int check_hashes(const std::string& dir, bool json) {
   const std::string manifest_path = dir + "/" + kManifestFileName;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    throw InputError(dir +
+                     ": not a folder (verify DIR checks a mergepipe output folder; "
+                     "verify DIR --against OTHER compares two models)");
+  }
+  if (!std::filesystem::exists(manifest_path, ec) && !ec) {
+    throw InputError(
+        dir + ": not a mergepipe output: it holds no " + std::string(kManifestFileName) +
+        " (to compare it with another model: mergepipe verify " + dir + " --against OTHER)");
+  }
   const ManifestReplayInfo info = parse_manifest(io::read_text_file(manifest_path), manifest_path);
   auto model = io::open_model(dir);
   const Blocking blocking = make_blocking(info.tensors, info.block_bytes);

@@ -82,6 +82,10 @@ expect_exit 3 "other/expert00/.*\.safetensors: tensor '[^']+' (is missing|has sh
 
 # Usage errors.
 expect_exit 2 "--out is required" "$MERGEPIPE" catalog --base fam/base --experts fam/expert00
+# --experts with no folder must not take the next option as one.
+expect_exit 2 "catalog: --experts needs at least one value before --out" \
+  "$MERGEPIPE" catalog --base fam/base --experts --out cat-none
+[[ ! -e cat-none ]] || fail "catalog --experts --out cat-none created cat-none"
 mkdir -p notacatalog && touch notacatalog/keep
 expect_exit 2 "not a catalog folder" "$MERGEPIPE" catalog --base fam/base --experts fam/expert00 \
   --out notacatalog --force

@@ -80,6 +80,10 @@ shard="$(ls r1-bad/*.safetensors | head -1)"
 size=$(stat -c %s "$shard")
 printf '\x55' | dd of="$shard" bs=1 seek=$((size - 3)) conv=notrunc status=none
 expect_exit 3 "do not match" "$MERGEPIPE" verify r1-bad
+# A folder that no merge wrote is bad input (3), not an I/O failure.
+expect_exit 3 "fam/base: not a mergepipe output: it holds no mergepipe\.manifest\.json \(to compare it with another model: mergepipe verify fam/base --against OTHER\)" \
+  "$MERGEPIPE" verify fam/base
+expect_exit 3 "no-such: not a folder" "$MERGEPIPE" verify no-such
 
 # Replay reproduces byte-identical files (on another rank count).
 run_np 3 replay r1/mergepipe.manifest.json --out replayed --quiet
