@@ -1,7 +1,11 @@
 #include "mergepipe/io/hdf5_handle.hpp"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "mergepipe/error.hpp"
 
@@ -50,13 +54,46 @@ void silence_hdf5_errors() {
   std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
 }
 
+namespace {
+
+// The innermost frames of HDF5's error stack: the cause (a system or MPI-IO error such as
+// "No space left on device") sits there, far below the call that reported the failure.
+herr_t collect_frame(unsigned depth, const H5E_error2_t* frame, void* into) {
+  auto& lines = *static_cast<std::vector<std::string>*>(into);
+  if (depth < 3 && frame->desc != nullptr && *frame->desc != '\0') lines.emplace_back(frame->desc);
+  return 0;
+}
+
+std::string failure(const char* call, const std::string& context) {
+  // HDF5's drivers keep the system error out of their messages; the errno a failed write left
+  // says what the storage refused (only the codes a write failure sets are trusted).
+  const int cause = errno;
+  std::vector<std::string> lines;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_frame, &lines);
+  H5Eclear2(H5E_DEFAULT);
+  std::string message = "HDF5 " + std::string(call) + " failed for " + context;
+  std::string detail;
+  for (const std::string& line : lines) {
+    if (detail.find(line) != std::string::npos) continue;
+    detail += (detail.empty() ? "" : "; ") + line;
+  }
+  const bool write_failed = detail.find("write") != std::string::npos;
+  if (write_failed &&
+      (cause == ENOSPC || cause == EDQUOT || cause == EFBIG || cause == EIO || cause == EROFS)) {
+    detail += std::string(detail.empty() ? "" : ": ") + std::strerror(cause);
+  }
+  return detail.empty() ? message : message + ": " + detail;
+}
+
+}  // namespace
+
 hid_t check_id(hid_t id, const char* call, const std::string& context) {
-  if (id < 0) throw IoError("HDF5 " + std::string(call) + " failed for " + context);
+  if (id < 0) throw IoError(failure(call, context));
   return id;
 }
 
 void check_status(herr_t status, const char* call, const std::string& context) {
-  if (status < 0) throw IoError("HDF5 " + std::string(call) + " failed for " + context);
+  if (status < 0) throw IoError(failure(call, context));
 }
 
 }  // namespace mergepipe::io::h5

@@ -1,9 +1,11 @@
 #include <hdf5.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/byte_counters.hpp"
+#include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hdf5_handle.hpp"
 #include "mergepipe/mpi/output_sinks.hpp"
 
@@ -117,6 +119,17 @@ Hdf5Sink::Hdf5Sink(const Comm& comm, const std::vector<TensorInfo>& tensors,
   // The skeleton reaches the file now, so a run killed later leaves a file a resumed run can
   // reopen.
   h5::check_status(H5Fflush(s.file.get(), H5F_SCOPE_GLOBAL), "H5Fflush", path);
+  // Every dataset's bytes reserved up front, as the safetensors shards are: a disk too small
+  // fails now with the system's reason (HDF5's own write errors do not carry it), not after
+  // minutes of merging.
+  std::uint64_t data_end = 0;
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    data_end = std::max(data_end, s.offsets[t] + tensors[t].numel() * dtype_size(tensors[t].dtype));
+  comm.check(capture_failure([&] {
+               if (comm.is_root() && data_end > 0)
+                 io::File(path, io::File::Mode::kReadWrite).preallocate(data_end);
+             }),
+             "reserve the HDF5 output");
   // Blocks differ per rank and per dataset, so data goes out as independent hyperslab writes
   // (no type conversion: memory and file types are identical).
   s.transfer = h5::checked(H5Pcreate(H5P_DATASET_XFER), h5::Kind::kPropertyList, "H5Pcreate", path);

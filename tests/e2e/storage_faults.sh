@@ -34,6 +34,16 @@ expect_exit 4 "small/\.merged\.mergepipe-staging/(model\.safetensors|journal-[0-
 expect_one_error
 expect_no_output small/merged
 [[ -z "$(ls -A small)" ]] || fail "the full file system still holds: $(ls -A small)"
+# The HDF5 output reserves its datasets' bytes before merging, so the system's reason shows
+# (HDF5's own write errors do not carry it).
+for np in 1 2; do
+  expect_exit 4 "small/\.merged\.mergepipe-staging/(model\.h5: cannot reserve [0-9]+ bytes|journal-[0-9]+\.bin: .*): No space left on device" \
+    env "${full_env[@]}" "$MPIEXEC" -np "$np" --oversubscribe "$MERGEPIPE" merge c.yaml --catalog cat \
+    --out small/merged --threads 1 --format hdf5
+  expect_one_error
+  expect_no_output small/merged
+  [[ -z "$(ls -A small)" ]] || fail "HDF5, $np rank(s): the full file system still holds: $(ls -A small)"
+done
 # A catalog written to a file system with a few KiB left fails the same way and leaves no
 # temporary folder.
 if ((${#full_env[@]})); then
