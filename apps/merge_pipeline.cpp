@@ -107,11 +107,12 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
       "write NaN/Inf results instead of failing")(
       "no-resume", po::bool_switch(&text.no_resume),
       "start afresh even if a killed run of the same merge left its staging folder")(
-      "verify-reads", po::value(&text.verify_reads)->default_value("first"),
-      "check expert reads against the catalog's block hashes: first (the first block read from "
-      "each file), all (every block read, and every block of every input file before the merge), "
-      "or off")("mpiio-hint", po::value(&text.hints)->composing(),
-                "MPI-IO hint key=value for the output files (repeatable)")(
+      "verify-reads", po::value(&text.verify_reads)->default_value("reads"),
+      "check reads against the catalog's block hashes: reads (every block the merge reads), "
+      "first (the first block each rank reads from each file), all (every block read, and every "
+      "block of every input file before the merge), or off")(
+      "mpiio-hint", po::value(&text.hints)->composing(),
+      "MPI-IO hint key=value for the output files (repeatable)")(
       "input-io", po::value(&text.input_io)->default_value("auto"),
       "how inputs read once are read: direct (O_DIRECT, around the page cache), buffered, or "
       "auto (direct for files not already cached)")(
@@ -124,6 +125,24 @@ void add_run_options(po::options_description& desc, PipelineOptions& options, Ru
       "static (a fixed range per rank)");
   add_output_options(desc, text.style);
 }
+
+namespace {
+
+std::string verify_reads_name(mpi::VerifyReads level) {
+  switch (level) {
+    case mpi::VerifyReads::kOff:
+      return "off";
+    case mpi::VerifyReads::kFirstPerFile:
+      return "first";
+    case mpi::VerifyReads::kEveryRead:
+      return "reads";
+    case mpi::VerifyReads::kAll:
+      return "all";
+  }
+  return "reads";
+}
+
+}  // namespace
 
 void finish_run_options(const RunOptionText& text, PipelineOptions& options,
                         const std::string& command) {
@@ -138,7 +157,8 @@ void finish_run_options(const RunOptionText& text, PipelineOptions& options,
           : parse_byte_size(text.expert_piece_size, command + ": --expert-piece-size");
   options.resume = !text.no_resume;
   options.verify_reads = parse_choice<mpi::VerifyReads>(text.verify_reads,
-                                                        {{"first", mpi::VerifyReads::kFirstPerFile},
+                                                        {{"reads", mpi::VerifyReads::kEveryRead},
+                                                         {"first", mpi::VerifyReads::kFirstPerFile},
                                                          {"all", mpi::VerifyReads::kAll},
                                                          {"off", mpi::VerifyReads::kOff}},
                                                         command + ": --verify-reads");
@@ -320,9 +340,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
                      {{"bytes", options.base_read_ahead_bytes},
                       {"seconds", options.base_read_ahead_seconds},
                       {"wait_seconds", options.base_read_ahead_wait_seconds}}},
-                    {"verify_reads", options.verify_reads == mpi::VerifyReads::kAll   ? "all"
-                                     : options.verify_reads == mpi::VerifyReads::kOff ? "off"
-                                                                                      : "first"},
+                    {"verify_reads", verify_reads_name(options.verify_reads)},
                     {"resume",
                      {{"resumed", resumed != 0},
                       {"blocks_total", outcome.run.blocks_total},

@@ -28,7 +28,7 @@ struct PipelineOptions {
   bool hold_base = true;  // false: the base streams through the page cache (it was read ahead)
   bool allow_nonfinite = false;
   bool resume = true;
-  mpi::VerifyReads verify_reads = mpi::VerifyReads::kFirstPerFile;
+  mpi::VerifyReads verify_reads = mpi::VerifyReads::kEveryRead;
   io::InputIo input_io = io::InputIo::kAuto;
   io::OutputIo output_io = io::OutputIo::kAuto;
   mpi::Schedule schedule = mpi::Schedule::kDynamic;
@@ -60,7 +60,7 @@ struct RunOptionText {
   std::vector<std::string> hints;
   std::string read_size = "128KiB";
   std::string expert_piece_size = "64MiB";
-  std::string verify_reads = "first";
+  std::string verify_reads = "reads";
   std::string input_io = "auto";
   std::string output_io = "auto";
   std::string schedule = "dynamic";

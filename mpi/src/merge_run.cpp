@@ -108,7 +108,7 @@ class ReadVerifier {
   }
   bool wanted(SourceId source, std::uint32_t block) {
     if (expected(source).empty()) return false;
-    if (mode_ == VerifyReads::kAll) return true;
+    if (mode_ == VerifyReads::kAll || mode_ == VerifyReads::kEveryRead) return true;
     const CheckpointLocation& loc = source.expert == SourceId::kBase
                                         ? task_.base
                                         : task_.experts[static_cast<std::size_t>(source.expert)];

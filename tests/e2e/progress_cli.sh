@@ -72,7 +72,7 @@ assert e['event'] == 'error' and e['code'] == 2 and 'budget' in e['message'], e
 # Option validation.
 expect_exit 2 "--progress must be" run_np 1 merge ties.yaml --catalog cat --out x --progress fancy
 expect_exit 2 "--log-format must be" run_np 1 merge ties.yaml --catalog cat --out x --log-format xml
-expect_exit 2 "--verify-reads must be first, all or off" run_np 1 merge ties.yaml --catalog cat --out x --verify-reads some
+expect_exit 2 "--verify-reads must be reads, first, all or off" run_np 1 merge ties.yaml --catalog cat --out x --verify-reads some
 expect_exit 2 "expected key=value" run_np 1 merge ties.yaml --catalog cat --out x --mpiio-hint striping_factor
 expect_exit 2 "expected key=value" run_np 1 merge ties.yaml --catalog cat --out x --mpiio-hint "a=1,b"
 run_np 2 merge ties.yaml --catalog cat --budget 80% --out hinted --quiet --mpiio-hint "cb_nodes=1,romio_cb_write=automatic"

@@ -31,8 +31,10 @@
 
 namespace mergepipe::mpi {
 
-// Which expert reads are checked against the catalog's block hashes.
-enum class VerifyReads { kOff, kFirstPerFile, kAll };
+// Which reads are checked against the catalog's block hashes: none, the first block each rank
+// reads from each file, every block read, or every block read after a content check of every
+// input file before the merge (kAll: that check is the catalog load's; here it acts as kEveryRead).
+enum class VerifyReads { kOff, kFirstPerFile, kEveryRead, kAll };
 
 // How a node's share of the blocks is spread over its ranks: drawn in chunks as they go, or a
 // fixed contiguous range per rank (which rank reads which bytes does not depend on timing).
@@ -53,7 +55,7 @@ struct MergeRunOptions {
   bool allow_nonfinite = false;
   std::vector<std::pair<std::string, std::string>> mpiio_hints;
   bool resume = false;  // output_dir holds an earlier attempt of this task: keep what checks out
-  VerifyReads verify_reads = VerifyReads::kFirstPerFile;
+  VerifyReads verify_reads = VerifyReads::kEveryRead;
   Schedule schedule = Schedule::kDynamic;  // budgeted and full-read linear merges
   // How inputs read once are read: budgeted expert blocks and held full-read TIES windows (the
   // base and whole expert files are read through the page cache).
