@@ -159,8 +159,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
       const auto method = parse_merge_method(name);
       if (!method) {
         r.fail(value, key,
-               "unsupported method '" + name +
-                   "' (supported: linear, task_arithmetic, ties, dare_linear, dare_ties)");
+               "unsupported method '" + name + "' (supported: " + supported_method_names() + ")");
       }
       spec.method = *method;
       have_method = true;
@@ -173,9 +172,15 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
     } else if (key == "parameters") {
       if (value.IsNull()) continue;
       for (const auto& [pkey, pvalue] :
-           r.entries(value, key, {"normalize", "lambda", "weight", "density"})) {
+           r.entries(value, key,
+                     {"normalize", "lambda", "weight", "density", "rescale", "t", "int8_mask"})) {
         const std::string full = key + "." + pkey;
         if (pkey == "normalize") spec.normalize = r.boolean(pvalue, full);
+        if (pkey == "rescale") spec.rescale = r.boolean(pvalue, full);
+        if (pkey == "t") spec.t = r.number(pvalue, full);
+        // mergekit's int8_mask stores its sign masks as int8 to save memory; the merge is the
+        // same, and masks here are never materialised: accepted, it changes nothing.
+        if (pkey == "int8_mask") (void)r.boolean(pvalue, full);
         if (pkey == "lambda") spec.lambda = r.number(pvalue, full);
         if (pkey == "weight") defaults.weight = r.number(pvalue, full);
         if (pkey == "density") defaults.density = r.density(pvalue, full);

@@ -53,6 +53,8 @@ ojson make_manifest(const ManifestRecord& r) {
                       {"models", models},
                       {"base_model", spec.base_model}};
   if (spec.out_dtype) parameters["dtype"] = torch_dtype_name(*spec.out_dtype);
+  if (spec.rescale) parameters["rescale"] = *spec.rescale;
+  if (spec.t) parameters["t"] = *spec.t;
 
   ojson tensors = ojson::array();
   ojson tensor_hashes = ojson::object();
@@ -122,6 +124,8 @@ ManifestReplayInfo parse_manifest(const std::string& text, const std::string& so
     info.spec.normalize = p.at("normalize").get<bool>();
     info.spec.lambda = p.at("lambda").get<double>();
     info.spec.base_model = p.at("base_model").get<std::string>();
+    if (p.contains("rescale")) info.spec.rescale = p.at("rescale").get<bool>();
+    if (p.contains("t")) info.spec.t = p.at("t").get<double>();
     if (p.contains("dtype"))
       info.spec.out_dtype = parse_output_dtype(p.at("dtype").get<std::string>());
     for (const auto& e : p.at("models"))

@@ -15,6 +15,7 @@ std::optional<MergeMethod> parse_merge_method(std::string_view name) {
   if (name == "ties") return MergeMethod::kTies;
   if (name == "dare_linear") return MergeMethod::kDareLinear;
   if (name == "dare_ties") return MergeMethod::kDareTies;
+  if (name == "nearswap") return MergeMethod::kNearswap;
   return std::nullopt;
 }
 
@@ -30,8 +31,14 @@ std::string_view merge_method_name(MergeMethod method) {
       return "dare_linear";
     case MergeMethod::kDareTies:
       return "dare_ties";
+    case MergeMethod::kNearswap:
+      return "nearswap";
   }
   return "?";
+}
+
+std::string supported_method_names() {
+  return "linear, task_arithmetic, ties, dare_linear, dare_ties, nearswap";
 }
 
 bool default_normalize(MergeMethod method) {
@@ -48,6 +55,9 @@ bool uses_sign_election(MergeMethod method) {
 }
 bool uses_dare(MergeMethod method) {
   return method == MergeMethod::kDareLinear || method == MergeMethod::kDareTies;
+}
+bool has_guaranteed_bound(MergeMethod method) {
+  return is_additive(method) || method == MergeMethod::kNearswap;
 }
 
 std::vector<std::string> MergeSpec::expert_paths() const {
@@ -79,6 +89,24 @@ void MergeSpec::validate() const {
     }
   }
   if (!std::isfinite(lambda)) throw UsageError("config: parameter 'lambda' is not finite");
+  const std::string name(merge_method_name(method));
+  if (method == MergeMethod::kNearswap) {
+    if (experts.size() != 1) {
+      throw UsageError("config: nearswap merges one model into the base, but 'models' lists " +
+                       std::to_string(experts.size()));
+    }
+    if (!t) throw UsageError("config: nearswap needs parameter 't' (the similarity threshold)");
+    if (!std::isfinite(*t) || *t < 0)
+      throw UsageError("config: parameter 't' must be a finite number >= 0");
+  } else if (t) {
+    throw UsageError("config: parameter 't' belongs to nearswap; " + name + " does not take it");
+  }
+  if (rescale && !uses_dare(method) && method != MergeMethod::kTaskArithmetic) {
+    throw UsageError("config: parameter 'rescale' applies to dare_linear and dare_ties (" + name +
+                     (method == MergeMethod::kTies
+                          ? " rescales its trimmed deltas in mergekit; that is not built yet)"
+                          : " does not take it)"));
+  }
   const double scale = weight_scale();
   double weight_sum = 0;
   for (const auto& e : experts) {
@@ -119,6 +147,9 @@ Coefficients additive_coefficients(const MergeSpec& spec) {
       c.base_scale = normalize ? 1.0 : weight_sum;
       for (const auto& e : spec.experts)
         c.alpha.push_back(normalize ? e.weight * scale / weight_sum : e.weight);
+      break;
+    case MergeMethod::kNearswap:
+      c.alpha.assign(spec.experts.size(), 1.0);  // θ0 + w·Δ, 0 <= w <= 1
       break;
     default:
       // θ0 + λ Σ w Δ (/Σw when normalized; dare_linear is task arithmetic on the rescaled

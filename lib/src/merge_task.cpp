@@ -29,7 +29,8 @@ void serialize(Archive& ar, ExpertSpec& e) {
 }
 template <class Archive>
 void serialize(Archive& ar, MergeSpec& s) {
-  ar(s.method, s.base_model, s.experts, s.normalize, s.lambda, s.out_dtype, s.seed, s.budget);
+  ar(s.method, s.base_model, s.experts, s.normalize, s.lambda, s.out_dtype, s.seed, s.budget,
+     s.rescale, s.t);
 }
 
 std::vector<TensorInfo> MergeTask::output_tensors() const {

@@ -300,6 +300,22 @@ MERGEPIPE_OPERATOR_KERNEL void elected_dare_normalized(const CallPlan& plan, flo
   merge_sign_elected<TermKind::kDare, true>(plan, lambda, elem_begin, n, base, deltas, out);
 }
 
+// mergekit's nearswap: w = clamp(t / max(|θ0 − θ1|, 1e-6), 0, 1), out = w·θ1 + (1 − w)·θ0,
+// written as θ0 + w·Δ (the same value up to fp32 rounding; |θ0 − θ1| is |Δ|). An omitted
+// expert block (nullptr) leaves the base.
+MERGEPIPE_OPERATOR_KERNEL void nearswap(float t, std::size_t n, const float* base,
+                                        const float* delta, float* out) {
+  if (delta == nullptr) {
+    std::copy_n(base, n, out);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const float distance = std::max(std::fabs(delta[i]), 1e-6f);
+    const float w = std::min(t / distance, 1.0f);
+    out[i] = base[i] + w * delta[i];
+  }
+}
+
 }  // namespace
 
 OperatorConfig OperatorConfig::from_spec(const MergeSpec& spec) {
@@ -308,6 +324,8 @@ OperatorConfig OperatorConfig::from_spec(const MergeSpec& spec) {
   cfg.normalize = spec.effective_normalize();
   cfg.lambda = spec.lambda;
   cfg.seed = spec.seed;
+  cfg.rescale = spec.effective_rescale();
+  cfg.t = static_cast<float>(spec.t.value_or(0.0));
   cfg.weights.reserve(spec.experts.size());
   cfg.densities.reserve(spec.experts.size());
   const double scale = spec.weight_scale();
@@ -362,6 +380,10 @@ void merge_block(const OperatorConfig& cfg, const TensorContext& tensor, std::ui
                                 std::to_string(tensor.thresholds.size()));
   }
   if (n == 0) return;
+  if (cfg.method == MergeMethod::kNearswap) {
+    if (k_count != 1) throw std::invalid_argument("merge operator: nearswap takes one expert");
+    return nearswap(cfg.t, n, base, deltas[0], out);
+  }
   const OperatorScalars sc = operator_scalars(cfg);
   const bool elect = uses_sign_election(cfg.method);
   CallPlan plan;
@@ -380,7 +402,8 @@ void merge_block(const OperatorConfig& cfg, const TensorContext& tensor, std::ui
     ExpertTerm t;
     t.coef = elect ? cfg.weights[k] : sc.alpha[k];
     t.weight = cfg.weights[k];
-    t.density = plan.kind == TermKind::kDare ? cfg.densities[k] : 1.0f;
+    // Without rescale the kept deltas stay as they are (Δ/1 == Δ).
+    t.density = plan.kind == TermKind::kDare && cfg.rescale ? cfg.densities[k] : 1.0f;
     if (plan.kind == TermKind::kTrim) {
       const float th = tensor.thresholds[k];
       if (std::isnan(th)) throw std::invalid_argument("merge operator: a ties threshold is NaN");

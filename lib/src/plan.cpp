@@ -73,7 +73,12 @@ std::string write_binary(const Plan& plan, bool with_hash_and_timing) {
         os, cereal::PortableBinaryOutputArchive::Options::LittleEndian());
     Plan& p = const_cast<Plan&>(plan);  // the writer only reads the fields
     plan_fields(ar, p, false);
-    if (with_hash_and_timing) ar(p.hash, p.planning_seconds);
+    // Method parameters added after the format was fixed: hashed only when they differ from
+    // their defaults, so the plans (and manifests) written before them keep their hashes.
+    bool has_t = p.t.has_value();
+    double t = p.t.value_or(0.0);
+    if (!with_hash_and_timing && (!p.rescale || has_t)) ar(p.rescale, has_t, t);
+    if (with_hash_and_timing) ar(p.hash, p.planning_seconds, p.rescale, has_t, t);
   }
   return std::move(os).str();
 }
@@ -126,7 +131,10 @@ Plan deserialize_plan(const std::string& bytes) {
     cereal::PortableBinaryInputArchive ar(
         is, cereal::PortableBinaryInputArchive::Options::LittleEndian());
     plan_fields(ar, p, true);
-    ar(p.hash, p.planning_seconds);
+    bool has_t = false;
+    double t = 0;
+    ar(p.hash, p.planning_seconds, p.rescale, has_t, t);
+    if (has_t) p.t = t;
     if (is.tellg() != static_cast<std::streamoff>(bytes.size())) {
       throw InputError("plan: trailing bytes after the serialised plan");
     }
@@ -291,6 +299,8 @@ json plan_to_json(const Plan& p) {
   j["method"] = p.method;
   j["base_model"] = p.base_dir;
   j["parameters"] = {{"lambda", p.lambda}, {"normalize", p.normalize}, {"seed", p.seed}};
+  if (!p.rescale) j["parameters"]["rescale"] = false;
+  if (p.t) j["parameters"]["t"] = *p.t;
   j["budget_bytes"] = p.budget_bytes;
   j["max_error"] = p.max_error ? json(*p.max_error) : json(nullptr);
   j["planned_expert_bytes"] = p.planned_expert_bytes;
@@ -366,6 +376,8 @@ Plan plan_from_json(const json& j, const std::string& source) {
   p.lambda = r.real(params, "lambda", "parameters.");
   p.normalize = r.boolean(params, "normalize", "parameters.");
   p.seed = r.u64(params, "seed", "parameters.");
+  if (params.contains("rescale")) p.rescale = r.boolean(params, "rescale", "parameters.");
+  if (params.contains("t")) p.t = r.real(params, "t", "parameters.");
   p.budget_bytes = r.u64(j, "budget_bytes");
   const json& max_error = r.at(j, "max_error", "");
   if (!max_error.is_null()) p.max_error = r.real(j, "max_error");

@@ -97,7 +97,10 @@ PairGains compute_pair_gains(const Catalog& catalog, const MergeSpec& spec,
         g.thresholds[k * tensors + t] = e.trim_threshold(t, density);
     }
     // DARE keeps each entry with probability d and scales it by 1/d: E‖Δ'‖² = ‖Δ‖²/d.
-    const double dare_scale = uses_dare(spec.method) ? 1.0 / std::sqrt(density) : 1.0;
+    // Without rescale the kept entries stay as they are: E‖Δ'‖² = d·‖Δ‖².
+    const double dare_scale = !uses_dare(spec.method)    ? 1.0
+                              : spec.effective_rescale() ? 1.0 / std::sqrt(density)
+                                                         : std::sqrt(density);
     for (std::size_t b = 0; b < g.blocks; ++b) {
       const BlockStats& s = e.blocks[b];
       if (s.nonzero == 0) continue;
@@ -105,6 +108,9 @@ PairGains compute_pair_gains(const Catalog& catalog, const MergeSpec& spec,
       if (trims)
         norm =
             trimmed_norm_estimate(s, g.thresholds[k * tensors + catalog.blocking.blocks[b].tensor]);
+      // nearswap's term w·Δ has |w·Δ| <= min(|Δ|, t) per entry.
+      if (spec.method == MergeMethod::kNearswap)
+        norm = std::min(norm, *spec.t * std::sqrt(static_cast<double>(s.nonzero)));
       const double gain = alpha * norm * dare_scale;
       if (!std::isfinite(gain) || gain < 0) {
         throw InputError("catalog: expert '" + e.location.dir + "' block " + std::to_string(b) +
@@ -126,12 +132,14 @@ PlanRequest plan_request_for(const MergeSpec& spec, const std::string& budget_fl
 
 Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest& request) {
   spec.validate();
-  const bool additive = is_additive(spec.method);
+  const bool additive = has_guaranteed_bound(spec.method);
   if (request.max_error) {
     if (!additive) {
-      throw UsageError("--max-error needs an additive method (linear, task_arithmetic): for " +
-                       std::string(merge_method_name(spec.method)) +
-                       " the omitted-update figure is an estimate, not a bound");
+      throw UsageError(
+          "--max-error needs a method whose bound is a guarantee (linear, "
+          "task_arithmetic, nearswap): for " +
+          std::string(merge_method_name(spec.method)) +
+          " the omitted-update figure is an estimate, not a bound");
     }
     if (!std::isfinite(*request.max_error) || *request.max_error < 0) {
       throw UsageError("--max-error " + num(*request.max_error) + ": must be a finite number >= 0");
@@ -166,6 +174,8 @@ Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest&
   plan.lambda = spec.lambda;
   plan.normalize = spec.effective_normalize();
   plan.seed = spec.seed;
+  plan.rescale = spec.effective_rescale();
+  plan.t = spec.t;
 
   const PairGains gains = compute_pair_gains(catalog, spec, plan.catalog_expert);
   const std::size_t K = gains.experts, B = gains.blocks, T = catalog.tensors.size();
@@ -291,10 +301,12 @@ Plan make_full_read_plan(const MergeSpec& spec, const std::vector<TensorInfo>& t
   plan.lambda = spec.lambda;
   plan.normalize = spec.effective_normalize();
   plan.seed = spec.seed;
+  plan.rescale = spec.effective_rescale();
+  plan.t = spec.t;
   plan.tensor_count = T;
   plan.block_count = B;
   plan.pairs_total = plan.pairs_admitted = K * B;
-  plan.bound_is_guarantee = is_additive(spec.method);
+  plan.bound_is_guarantee = has_guaranteed_bound(spec.method);
   // TIES thresholds come from the data (a pre-pass); the other methods do not trim.
   if (!uses_magnitude_trim(spec.method)) plan.thresholds.assign(K * T, 0.0f);
   Coverage per_expert;

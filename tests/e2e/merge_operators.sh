@@ -42,3 +42,62 @@ same_model_files dare-a dare-b
 run_np 1 merge dare.yaml --catalog cat1 --out dare-c --seed 4 --quiet
 if diff -rq --exclude=mergepipe.manifest.json dare-a dare-c >/dev/null; then fail "another seed gave the same DARE masks"; fi
 echo "operators: ok"
+
+# DARE without rescale (mergekit's `rescale: false`): kept values are the deltas as they are.
+sed 's/parameters: {lambda: 1.0}/parameters: {lambda: 1.0, rescale: false}/' dare.yaml >dare-plain.yaml
+run_np 2 merge dare-plain.yaml --catalog cat1 --out dare-plain --quiet
+"$PYTHON" "$REF" dare-plain.yaml dare-plain
+same_mask() { # the same seed keeps the same entries with and without rescale
+  "$PYTHON" - "$@" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[4])
+from merge_ref import read_folder
+import numpy as np
+base, a, b = (read_folder(p) for p in sys.argv[1:4])
+for name, (t0, _) in base.items():
+    ka = a[name][0].astype(np.float32) != t0
+    kb = b[name][0].astype(np.float32) != t0
+    assert (ka == kb).all(), name
+PY
+}
+same_mask fam/base dare-a dare-plain "$TESTS_DIR/python"
+
+# nearswap (one model into the base): an independent reference, the full read equal to a full
+# budget bit for bit, and the same bytes on 1, 2 and 3 ranks.
+cat >nearswap.yaml <<YAML
+merge_method: nearswap
+base_model: fam/base
+models:
+  - model: fam/expert00
+parameters: {t: 0.002}
+dtype: float32
+YAML
+run_np 2 merge nearswap.yaml --catalog cat1 --budget 100% --out ns-2 --quiet
+"$PYTHON" "$REF" nearswap.yaml ns-2
+run_np 1 merge nearswap.yaml --full-read --out ns-full --quiet
+same_model_files ns-2 ns-full
+run_np 3 merge nearswap.yaml --catalog cat1 --budget 100% --out ns-3 --quiet
+same_model_files ns-2 ns-3
+# Budgeted: a guaranteed bound, never below the measured deviation from the full read.
+run_np 2 merge nearswap.yaml --catalog cat1 --budget 30% --out ns-30 --log-format json >ns-30.json
+"$MERGEPIPE" verify ns-30 --against ns-full --json >ns-30-diff.json
+"$PYTHON" - ns-30.json ns-30-diff.json <<'PY'
+import json, sys
+events = [json.loads(line) for line in open(sys.argv[1]) if line.startswith("{")]
+bound = [e for e in events if e.get("event") == "result"][-1]["error_bound"]
+measured = json.load(open(sys.argv[2]))["abs_l2"]
+assert measured > 0, "a 30% budget changed nothing: the test proves nothing"
+assert measured <= bound * (1 + 1e-6) + 1e-12, (measured, bound)
+print(f"nearswap at 30%: measured {measured:.4g} <= bound {bound:.4g}")
+PY
+# t is nearswap's, and nearswap takes exactly one model.
+sed '/parameters: {t/d' nearswap.yaml >ns-no-t.yaml
+expect_exit 2 "ns-no-t\.yaml: config: nearswap needs parameter 't'" run_np 1 merge ns-no-t.yaml \
+  --catalog cat1 --out ns-bad
+sed 's/merge_method: nearswap/merge_method: ties/' nearswap.yaml >ns-ties.yaml
+expect_exit 2 "config: parameter 't' belongs to nearswap; ties does not take it" run_np 1 merge \
+  ns-ties.yaml --catalog cat1 --out ns-bad
+{ sed '/^parameters/,$d' nearswap.yaml; echo "  - model: fam/expert01"; echo "parameters: {t: 0.002}"; } >ns-two.yaml
+expect_exit 2 "config: nearswap merges one model into the base, but 'models' lists 2" run_np 1 merge \
+  ns-two.yaml --catalog cat --out ns-bad
+echo "nearswap, dare without rescale: ok"

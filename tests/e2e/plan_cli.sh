@@ -68,7 +68,7 @@ expect_exit 2 "budget '-1GB'" "$MERGEPIPE" plan ta.yaml --catalog cat --budget -
 sed 's/expert04/expert09/' ta.yaml >missing.yaml
 expect_exit 2 "expert09' is not in the catalog" "$MERGEPIPE" plan missing.yaml --catalog cat
 write_config ties.yaml ties fam 5
-expect_exit 2 "additive method" "$MERGEPIPE" plan ties.yaml --catalog cat --max-error 1
+expect_exit 2 "--max-error needs a method whose bound is a guarantee \(linear, task_arithmetic, nearswap\): for ties" "$MERGEPIPE" plan ties.yaml --catalog cat --max-error 1
 printf 'merge_method: ties\nbase_model: fam/base\nmodels: [fam/expert00]\nbogus: 1\n' >bogus.yaml
 expect_exit 2 "bogus.yaml:4: key 'bogus': unknown key" "$MERGEPIPE" plan bogus.yaml --catalog cat
 expect_exit 2 "nothere\.yaml: no such config file" "$MERGEPIPE" plan nothere.yaml --catalog cat

@@ -112,6 +112,12 @@ def main():
             if normalize:
                 merged_sum = merged_sum / np.where(divisor == 0, np.float32(1), divisor)
             ref = theta0 + lam * merged_sum
+        elif method == "nearswap":
+            # mergekit's form: w = clamp(t / max(|base - other|, 1e-6), 0, 1), w*other + (1-w)*base
+            other = experts[0][name][0]
+            t = np.float32(params["t"])
+            w = np.clip(t / np.maximum(np.abs(theta0 - other), np.float32(1e-6)), 0, 1).astype(np.float32)
+            ref = w * other + (np.float32(1) - w) * theta0
         else:
             ref = None
         if ref is None:
@@ -127,7 +133,7 @@ def main():
             raise SystemExit(f"{method}: tensor {name} differs at flat index {i}: got {got.ravel()[i]!r}, reference {ref.ravel()[i]!r}")
         worst = max(worst, float((err / np.maximum(np.abs(ref), 1e-30)).max(initial=0)))
     if method.startswith("dare"):
-        # One-expert DARE: out - base is 0 or lambda*w*delta/density.
+        # One-expert DARE: out - base is 0 or lambda*w*delta/density (delta without rescale).
         assert len(experts) == 1, "the DARE check needs a single expert"
         kept_total = changed = 0
         for name, (theta0, _) in base.items():
@@ -137,7 +143,8 @@ def main():
             if not nz.any():
                 continue
             moved = (got - theta0)[nz]
-            expect = (lam * np.float32(weights[0]) * d[nz] / np.float32(densities[0])).astype(np.float32)
+            scale = np.float32(densities[0]) if params.get("rescale", True) else np.float32(1)
+            expect = (lam * np.float32(weights[0]) * d[nz] / scale).astype(np.float32)
             kept = np.abs(moved) > 0
             kept_total += int(kept.sum())
             changed += int(nz.sum())

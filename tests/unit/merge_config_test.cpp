@@ -7,6 +7,7 @@
 
 #include "checkpoint_test_util.hpp"
 #include "mergepipe/error.hpp"
+#include "mergepipe/operators.hpp"
 
 using namespace mergepipe;
 
@@ -54,6 +55,25 @@ TEST(MergeConfig, ToolkitStyleConfig) {
   EXPECT_EQ(s.out_dtype, DType::kBF16);
   EXPECT_EQ(s.budget, "25%");
   EXPECT_EQ(s.seed, 42u);
+}
+
+// mergekit's method parameters that mean something here, and int8_mask, which changes nothing.
+TEST(MergeConfig, MethodParameters) {
+  const MergeSpec dare = io::parse_merge_config(
+      "merge_method: dare_ties\nbase_model: /b\nmodels: [/a]\n"
+      "parameters: {rescale: false, int8_mask: true}\n",
+      "c.yaml");
+  ASSERT_TRUE(dare.rescale.has_value());
+  EXPECT_FALSE(dare.effective_rescale());
+  EXPECT_FALSE(OperatorConfig::from_spec(dare).rescale);
+  const MergeSpec plain =
+      io::parse_merge_config("merge_method: dare_ties\nbase_model: /b\nmodels: [/a]\n", "c.yaml");
+  EXPECT_TRUE(plain.effective_rescale());
+  const MergeSpec ns = io::parse_merge_config(
+      "merge_method: nearswap\nbase_model: /b\nmodels: [/a]\nparameters: {t: 0.25}\n", "c.yaml");
+  EXPECT_EQ(ns.method, MergeMethod::kNearswap);
+  EXPECT_EQ(ns.t, 0.25);
+  EXPECT_EQ(OperatorConfig::from_spec(ns).t, 0.25f);
 }
 
 TEST(MergeConfig, DefaultsAndStringModels) {
@@ -148,8 +168,18 @@ TEST(MergeConfig, ErrorsNameFileKeyAndLine) {
        {":4", "parameters.normalize", "expected true or false"}},
       {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nparameters: {lambda: x}\n",
        {"parameters.lambda"}},
-      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nparameters: {int8_mask: true}\n",
-       {"parameters.int8_mask", "unknown key"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nparameters: {int8_mask: maybe}\n",
+       {":4", "parameters.int8_mask", "expected true or false"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nparameters: {rescale: true}\n",
+       {"/cfg/merge.yaml", "'rescale' applies to dare_linear and dare_ties", "not built yet"}},
+      {"merge_method: nearswap\nbase_model: /b\nmodels: [/a]\n",
+       {"/cfg/merge.yaml", "nearswap needs parameter 't'"}},
+      {"merge_method: nearswap\nbase_model: /b\nmodels: [/a]\nparameters: {t: -1}\n",
+       {"'t' must be a finite number >= 0"}},
+      {"merge_method: linear\nbase_model: /b\nmodels: [/a]\nparameters: {t: 0.5}\n",
+       {"'t' belongs to nearswap; linear does not take it"}},
+      {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nparameters: {bogus: true}\n",
+       {"parameters.bogus", "unknown key"}},
       {"merge_method: ties\nbase_model: /b\nmodels: [/a]\ndtype: int8\n",
        {":4", "dtype", "unsupported dtype 'int8'"}},
       {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nbudget: 12XB\n",

@@ -107,7 +107,9 @@ double reference_gain(const RandomCase& rc, std::size_t k, std::size_t b,
       return a * s.l2;
     case MergeMethod::kDareLinear:
     case MergeMethod::kDareTies:
-      return a * s.l2 / std::sqrt(d);
+      return rc.spec.effective_rescale() ? a * s.l2 / std::sqrt(d) : a * s.l2 * std::sqrt(d);
+    case MergeMethod::kNearswap:
+      return a * std::min(s.l2, *rc.spec.t * std::sqrt(static_cast<double>(s.nonzero)));
     case MergeMethod::kTies: {
       const std::uint32_t t = rc.catalog.blocking.blocks[b].tensor;
       return a * trimmed_norm_estimate(s, rc.catalog.experts[k].sketches[t].threshold(d));
@@ -462,7 +464,7 @@ TEST(Planner, ErrorsNameTheProblem) {
   for (auto& e : c.experts) e.sketches.resize(1);
   PlanRequest ok_error;
   ok_error.max_error = 1.0;
-  EXPECT_NE(message(ties, ok_error).find("additive"), std::string::npos);
+  EXPECT_NE(message(ties, ok_error).find("bound is a guarantee"), std::string::npos);
   c.experts[1].nonfinite = 3;
   EXPECT_THROW(make_plan(c, spec, {}), InputError);
   c.experts[1].nonfinite = 0;

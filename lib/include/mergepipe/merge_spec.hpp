@@ -10,7 +10,7 @@
 
 namespace mergepipe {
 
-enum class MergeMethod { kLinear, kTaskArithmetic, kTies, kDareLinear, kDareTies };
+enum class MergeMethod { kLinear, kTaskArithmetic, kTies, kDareLinear, kDareTies, kNearswap };
 
 std::optional<MergeMethod> parse_merge_method(std::string_view name);
 std::string_view merge_method_name(MergeMethod method);
@@ -21,6 +21,11 @@ bool is_additive(MergeMethod method);
 bool uses_magnitude_trim(MergeMethod method);  // ties: per-tensor top-k by |Δ|
 bool uses_sign_election(MergeMethod method);   // ties, dare_ties
 bool uses_dare(MergeMethod method);            // dare_linear, dare_ties: Bernoulli drop + 1/density
+// True when the omitted-update bound Σ|α_k|·‖Δ_k omitted‖ is a guarantee: the additive methods,
+// and nearswap, whose term w·Δ (0 ≤ w ≤ 1) is never larger than Δ.
+bool has_guaranteed_bound(MergeMethod method);
+// The methods' names, comma separated, for messages.
+std::string supported_method_names();
 
 struct ExpertSpec {
   std::string path;
@@ -37,8 +42,11 @@ struct MergeSpec {
   std::optional<DType> out_dtype;  // unset: the base's dtype per tensor
   std::uint64_t seed = 0;
   std::optional<std::string> budget;  // as written ("25%", "12GiB", ...)
+  std::optional<bool> rescale;        // DARE: divide kept deltas by the density (default true)
+  std::optional<double> t;            // nearswap: the similarity threshold (required there)
 
   bool effective_normalize() const { return normalize.value_or(default_normalize(method)); }
+  bool effective_rescale() const { return rescale.value_or(true); }
   // When normalize makes the merge invariant to the weights' scale and the largest |weight| is
   // outside [2^-60, 2^60]: the power of two that brings it into [1, 2), else 1. Weights of 1e-50
   // or 1e308 then merge in fp32 exactly as their scaled copies would.
@@ -46,7 +54,8 @@ struct MergeSpec {
   // The experts' folders, in config order.
   std::vector<std::string> expert_paths() const;
   // Throws UsageError naming the problem: no experts, weight not finite, density outside (0, 1],
-  // lambda not finite, a zero weight sum where normalize needs it.
+  // lambda not finite, a zero weight sum where normalize needs it, a parameter the method does
+  // not take (or lacks: nearswap's t), nearswap with other than one model.
   void validate() const;
 };
 

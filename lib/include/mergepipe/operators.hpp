@@ -23,6 +23,8 @@ struct OperatorConfig {
   std::vector<float> weights;    // w_k per expert (plan order)
   std::vector<float> densities;  // per expert, in (0, 1]
   std::uint64_t seed = 0;
+  bool rescale = true;  // DARE: kept deltas divided by the density (mergekit's `rescale`)
+  float t = 0;          // nearswap's threshold
 
   static OperatorConfig from_spec(const MergeSpec& spec);
   std::size_t expert_count() const { return weights.size(); }
@@ -43,6 +45,7 @@ std::uint64_t tensor_name_key(std::string_view tensor_name);
 //  task_arithmetic: out = θ0 + Σ alpha_k Δ_k            (alpha_k = λ·w_k [/Σw])
 //  dare_linear:     out = θ0 + Σ alpha_k Δ'_k            (same alpha as task_arithmetic)
 //  ties, dare_ties: v_k = w_k·Δ'_k, out = θ0 + lambda·merged
+//  nearswap:        out = θ0 + w·Δ with w = min(1, t / max(|Δ|, 1e-6)) per element (one expert)
 // Sums and quotients are formed in double from the fp32 weights, then rounded once to fp32.
 struct OperatorScalars {
   float base_scale = 1.0f;

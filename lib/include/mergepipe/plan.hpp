@@ -56,6 +56,8 @@ struct Plan {
   double lambda = 1.0;
   bool normalize = false;  // effective value
   std::uint64_t seed = 0;
+  bool rescale = true;      // DARE's rescale (effective value)
+  std::optional<double> t;  // nearswap's threshold
 
   std::uint64_t tensor_count = 0;
   std::uint64_t block_count = 0;
