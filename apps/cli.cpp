@@ -49,4 +49,37 @@ std::optional<po::variables_map> parse_command_line(
   return vm;
 }
 
+std::uint64_t parse_mergekit_size(const std::string& text, const std::string& what) {
+  std::string digits = text;
+  std::uint64_t unit = 1;
+  if (!digits.empty()) {
+    switch (digits.back()) {
+      case 'k':
+      case 'K':
+        unit = 1000;
+        break;
+      case 'm':
+      case 'M':
+        unit = 1000 * 1000;
+        break;
+      case 'b':
+      case 'B':
+        unit = 1000 * 1000 * 1000;
+        break;
+      default:
+        break;
+    }
+    if (unit != 1) digits.pop_back();
+  }
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+      digits.size() > 12) {
+    throw UsageError(what + " '" + text +
+                     "': expected a whole number with an optional K, M or B (thousand, million, "
+                     "billion), as mergekit: 5B, 500M");
+  }
+  const std::uint64_t n = std::stoull(digits) * unit;
+  if (n == 0) throw UsageError(what + " '" + text + "': a shard holds at least one byte");
+  return n;
+}
+
 }  // namespace mergepipe::app

@@ -202,6 +202,8 @@ int cmd_merge(CommandContext& ctx) {
   std::string block_bytes_text;
   double max_error = -1;
   std::uint64_t seed = 0;
+  std::string out_shard_size;
+  bool cuda = false, lazy_unpickle = false, verbose = false;
   po::options_description desc("merge options");
   desc.add_options()("config", po::value(&o.config)->required(), "merge description (YAML)")(
       "catalog", po::value(&o.catalog), "catalog folder of the family (from `mergepipe catalog`)")(
@@ -209,30 +211,86 @@ int cmd_merge(CommandContext& ctx) {
       "expert read budget: 25%, 12GiB, 900MB or bytes (default: config, else 100%)")(
       "max-error", po::value(&max_error),
       "read the fewest blocks whose omitted-update bound is <= E")(
-      "out", po::value(&o.out)->required(), "output folder (published atomically)")(
-      "format", po::value(&o.format), "safetensors (default) or hdf5")(
+      "out", po::value(&o.out),
+      "output folder (published atomically); also the second positional argument, as "
+      "mergekit-yaml CONFIG OUT")("format", po::value(&o.format), "safetensors (default) or hdf5")(
       "dtype", po::value(&o.dtype),
       "output dtype: bfloat16, float16, float32 (default: config, else base)")(
-      "seed", po::value(&seed), "seed of the DARE masks (default: config, else 0)")(
+      "seed,random-seed", po::value(&seed),
+      "seed of the DARE masks (default: config, else 0; --random-seed: mergekit's spelling)")(
       "full-read", po::bool_switch(&o.full_read),
       "naive baseline: no catalog, read every expert block")(
       "base-read-ahead", po::bool_switch(&o.base_read_ahead),
       "rank 0 reads the base into the page cache while it loads the catalog and plans, and the "
       "merge starts when it is done (on one node)")("block-bytes", po::value(&block_bytes_text),
                                                     "block size for --full-read (default 4MiB)")(
-      "max-shard-size", po::value(&o.max_shard), "largest output shard (default 5GB)");
+      "max-shard-size", po::value(&o.max_shard), "largest output shard (default 5GB)")(
+      "out-shard-size", po::value(&out_shard_size),
+      "mergekit's --out-shard-size, in its units: 5B is five billion bytes, 500M, 100K")(
+      "verbose,v", po::bool_switch(&verbose),
+      "accepted for mergekit's -v (progress is shown unless --quiet)")(
+      "cuda", po::bool_switch(&cuda), "refused: MergePipe merges on CPUs under MPI")(
+      "lazy-unpickle", po::bool_switch(&lazy_unpickle),
+      "refused: MergePipe reads safetensors only");
   add_run_options(desc, o.pipeline, run_text);
   po::positional_options_description pos;
-  pos.add("config", 1);
-  const auto vm = parse_command_line("merge", "CONFIG --catalog CAT --budget B --out DIR", desc,
-                                     pos, ctx.args, ctx.comm.is_root());
+  pos.add("config", 1).add("out", 1);
+  const auto vm = parse_command_line(
+      "merge",
+      "CONFIG OUT (--catalog CAT [--budget B | --max-error E] | --full-read) [options]\n"
+      "       (OUT may also be given as --out OUT)",
+      desc, pos, ctx.args, ctx.comm.is_root());
   if (!vm) return 0;
-  if (vm->count("max-error")) o.max_error = max_error;
-  if (vm->count("budget") && o.budget.empty())
-    throw UsageError("merge: --budget is empty (forms: 25%, 12GiB, 900MB, 4096)");
-  if (o.format != "safetensors" && o.format != "hdf5")
-    throw UsageError("merge: --format must be safetensors or hdf5");
-  finish_run_options(run_text, o.pipeline, "merge");
+  // Every rank parses the same arguments, so each finds the same mistake: agreed on collectively,
+  // it is reported once, by rank 0.
+  ctx.comm.check(
+      mpi::capture_failure([&] {
+        if (cuda) {
+          throw UsageError(
+              "merge: --cuda: MergePipe merges on CPUs, spread over MPI ranks (there is no GPU "
+              "path); "
+              "drop the option and run more ranks (mpirun -np N) instead");
+        }
+        if (lazy_unpickle) {
+          throw UsageError(
+              "merge: --lazy-unpickle: MergePipe reads safetensors checkpoints only (no "
+              "pickled .bin files); convert them to safetensors first");
+        }
+        if (!vm->count("out"))  // an empty --out is the output guard's to refuse
+          throw UsageError("merge: the output folder is missing (merge CONFIG OUT, or --out OUT)");
+        if (!out_shard_size.empty()) {
+          if (vm->count("max-shard-size"))
+            throw UsageError("merge: give --out-shard-size or --max-shard-size, not both");
+          o.max_shard =
+              std::to_string(parse_mergekit_size(out_shard_size, "merge: --out-shard-size"));
+        }
+        if (o.full_read) {
+          for (const char* flag : {"catalog", "budget", "max-error"}) {
+            if (vm->count(flag)) {
+              throw UsageError(std::string("merge: --full-read reads every expert block without a "
+                                           "catalog, so --") +
+                               flag + " has no meaning with it (drop one of the two)");
+            }
+          }
+        }
+        if (vm->count("max-error")) o.max_error = max_error;
+        if (vm->count("budget") && o.budget.empty())
+          throw UsageError("merge: --budget is empty (forms: 25%, 12GiB, 900MB, 4096)");
+        if (o.format != "safetensors" && o.format != "hdf5")
+          throw UsageError("merge: --format must be safetensors or hdf5");
+        finish_run_options(run_text, o.pipeline, "merge");
+      }),
+      "check the merge options");
+  if (ctx.comm.is_root()) {
+    const unsigned cpus = std::thread::hardware_concurrency();
+    if (cpus > 0 && static_cast<unsigned>(o.pipeline.threads) > cpus) {
+      print_warning(o.pipeline.style,
+                    "--threads " + std::to_string(o.pipeline.threads) + " is more than the " +
+                        std::to_string(cpus) + " CPUs of this node: each rank runs " +
+                        std::to_string(o.pipeline.threads) +
+                        " compute threads anyway (0 picks the CPUs the rank is bound to)");
+    }
+  }
   o.pipeline.out = o.out;
   o.pipeline.catalog_path = o.full_read ? "" : o.catalog;
   // A base read ahead into the page cache is read from there, not again around it.

@@ -1,11 +1,13 @@
 // mergepipe: budgeted, distributed merging of LLM checkpoint families.
 // Wires subcommands; turns every error into one line on rank 0 and an exit code (SPEC §4).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "mergepipe/error.hpp"
@@ -42,6 +44,33 @@ void print_usage(std::FILE* out) {
     std::fprintf(out, "  %-9s %s\n", name.c_str(), cmd.summary);
 }
 
+// Levenshtein distance, for "did you mean" on a mistyped command.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The command closest to `typed`, when it is close enough to be a typo.
+std::string closest_command(const std::string& typed) {
+  std::string best;
+  std::size_t best_distance = 3;  // at most two edits
+  for (const auto& [name, cmd] : commands()) {
+    const std::size_t d = edit_distance(typed, name);
+    if (d < best_distance) best = name, best_distance = d;
+  }
+  return best;
+}
+
 // Errors are printed as exactly one line: control characters from hostile input (a tensor name
 // holding a newline, say) are shown escaped.
 std::string one_line(const char* message) {
@@ -70,25 +99,37 @@ int main(int argc, char** argv) {
     if (root) print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
-  if (std::strcmp(argv[1], "--version") == 0) {
+  if (std::strcmp(argv[1], "--version") == 0 || std::strcmp(argv[1], "version") == 0) {
     if (root) std::printf("mergepipe %s\n", MERGEPIPE_VERSION);
     return 0;
   }
-  auto it = commands().find(argv[1]);
+  // `help` alone lists the commands; `help CMD` is `CMD --help`.
+  const bool help = std::strcmp(argv[1], "help") == 0;
+  if (help && argc == 2) {
+    if (root) print_usage(stdout);
+    return 0;
+  }
+  const std::string name = argv[help ? 2 : 1];
+  auto it = commands().find(name);
   if (it == commands().end()) {
     if (root) {
-      std::fprintf(stderr, "mergepipe: error: unknown command '%s'\n", argv[1]);
+      const std::string guess = closest_command(name);
+      std::fprintf(stderr, "mergepipe: error: unknown command '%s'%s\n",
+                   one_line(name.c_str()).c_str(),
+                   guess.empty() ? "" : (" (did you mean '" + guess + "'?)").c_str());
       print_usage(stderr);
     }
     return 2;
   }
-  CommandContext ctx{std::vector<std::string>(argv + 2, argv + argc), comm};
+  CommandContext ctx{
+      help ? std::vector<std::string>{"--help"} : std::vector<std::string>(argv + 2, argv + argc),
+      comm};
   const bool json = mergepipe::app::wants_json_log(ctx.args);
   // One line on stderr: plain text, or a JSON object for --log-format json.
   auto report = [&](const char* kind, const char* message, int code) {
     if (json) {
       mergepipe::app::print_json_line(
-          {{"event", "error"}, {"command", argv[1]}, {"code", code}, {"message", message}}, true);
+          {{"event", "error"}, {"command", name}, {"code", code}, {"message", message}}, true);
     } else {
       std::fprintf(stderr, "mergepipe: %s: %s\n", kind, one_line(message).c_str());
       std::fflush(stderr);

@@ -86,9 +86,9 @@ void write_folder_metadata(const MergeTask& task, const std::string& dir) {
 }  // namespace
 
 void add_run_options(po::options_description& desc, PipelineOptions& options, RunOptionText& text) {
-  desc.add_options()("threads", po::value(&options.threads)->default_value(0),
+  desc.add_options()("threads,num-threads,j", po::value(&options.threads)->default_value(0),
                      "compute threads per rank (0: the CPUs the rank is bound to, else the node's "
-                     "CPUs divided by its ranks)")(
+                     "CPUs divided by its ranks; -j and --num-threads: mergekit's spelling)")(
       "io-threads", po::value(&options.io_threads)->default_value(0),
       "concurrent reads per rank (0: 8, or 1 when every input file is already in the page "
       "cache)")("prefetch", po::value(&options.prefetch_depth)->default_value(0),

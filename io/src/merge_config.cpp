@@ -249,6 +249,8 @@ MergeSpec load_merge_config(const std::string& path) {
   // storage (or permission) failure.
   std::error_code ec;
   if (!fs::exists(path, ec) && !ec) throw UsageError(path + ": no such config file");
+  if (fs::is_directory(path, ec))
+    throw UsageError(path + ": is a folder, not a config file (the merge's YAML file)");
   return parse_merge_config(read_text_file(path), path);
 }
 

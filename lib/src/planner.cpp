@@ -125,7 +125,15 @@ PairGains compute_pair_gains(const Catalog& catalog, const MergeSpec& spec,
 PlanRequest plan_request_for(const MergeSpec& spec, const std::string& budget_flag,
                              std::optional<double> max_error) {
   PlanRequest request;
-  request.budget = Budget::parse(!budget_flag.empty() ? budget_flag : spec.budget.value_or("100%"));
+  const std::string text = !budget_flag.empty() ? budget_flag : spec.budget.value_or("100%");
+  request.budget = Budget::parse(text);
+  if (request.budget.kind == Budget::Kind::kFraction &&
+      request.budget.numerator > request.budget.denominator) {
+    throw UsageError("budget '" + text +
+                     "' is above 100%: no budget reads more than every expert block (100%)");
+  }
+  if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos)
+    request.bare_bytes_text = text;
   request.max_error = max_error;
   return request;
 }
@@ -148,6 +156,19 @@ Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest&
   if (normalize_checkpoint_dir(spec.base_model) != normalize_checkpoint_dir(catalog.base.dir)) {
     throw InputError("config base_model '" + spec.base_model + "' is not the catalog's base '" +
                      catalog.base.dir + "' (a catalog of another family?)");
+  }
+
+  // The catalog's block size, not its smallest block: norm vectors make blocks of a few hundred
+  // bytes, which such a budget reads and nothing more.
+  const std::uint64_t one_block = catalog.blocking.block_bytes;
+  if (!request.bare_bytes_text.empty() && request.budget.bytes > 0 &&
+      request.budget.bytes < one_block) {
+    throw UsageError("budget '" + request.bare_bytes_text + "' is " + request.bare_bytes_text +
+                     " bytes, less than one block of the catalog (" + std::to_string(one_block) +
+                     " bytes), so next to nothing would be read; for a share of the full read "
+                     "write '" +
+                     request.bare_bytes_text + "%', for bytes a unit ('" + request.bare_bytes_text +
+                     "MiB')");
   }
 
   Plan plan;

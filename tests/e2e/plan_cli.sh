@@ -35,7 +35,7 @@ done
 
 # Larger budgets never give larger bounds; 100% admits every non-zero pair with bound 0.
 prev=""
-for b in 0 5% 10% 25% 50% 75% 100% 200%; do
+for b in 0 5% 10% 25% 50% 75% 100%; do
   "$MERGEPIPE" plan ta.yaml --catalog cat --budget "$b" --out "p.json" >/dev/null
   bound=$(json_get p.json error_bound)
   [[ $(json_get p.json planned_expert_bytes) -le $(json_get p.json budget_bytes) ]] || fail "$b: over budget"
@@ -44,12 +44,14 @@ for b in 0 5% 10% 25% 50% 75% 100% 200%; do
   fi
   prev=$bound
 done
-"$PYTHON" - p.json <<'PY' || fail "200% plan"
+"$PYTHON" - p.json <<'PY' || fail "100% plan"
 import json, sys
 j = json.load(open(sys.argv[1]))
 assert j["error_bound"] == 0.0
 assert j["pairs_admitted"] == j["pairs_total"] - j["pairs_zero"]
 PY
+# More than everything is a mistake, not a larger budget.
+expect_exit 2 "budget '200%' is above 100%" "$MERGEPIPE" plan ta.yaml --catalog cat --budget 200%
 
 # --max-error: the bound meets E (E = half the 25% bound; the config sets no budget).
 target=$("$PYTHON" -c "print(float('$(json_get p25.json error_bound)') / 2)")

@@ -42,7 +42,7 @@ TEST(Budget, Fractions) {
   // Exact decimal arithmetic: 30% of 1000 is 300 (0.3 in binary would give 299).
   EXPECT_EQ(Budget::parse("30%").resolve(1000), 300u);
   EXPECT_EQ(Budget::parse("33.3%").resolve(1000), 333u);
-  EXPECT_EQ(Budget::parse("150%").resolve(1000), 1500u);
+  EXPECT_EQ(Budget::parse("150%").resolve(1000), 1500u);  // the type allows it; plans refuse it
   EXPECT_EQ(Budget::parse("100%").resolve(UINT64_MAX), UINT64_MAX);
   EXPECT_EQ(Budget::parse("200%").resolve(UINT64_MAX), UINT64_MAX);  // saturates
   EXPECT_EQ(Budget().resolve(77), 77u);                              // the default is 100%

@@ -17,10 +17,13 @@ struct PlanRequest {
   Budget budget;  // default: 100% of the full expert read
   std::optional<double>
       max_error;  // additive methods only: stop at the first prefix whose bound <= E
+  // The budget as written when it was a bare number of bytes ("50"): make_plan refuses one
+  // smaller than a block, which reads nothing (the user almost always meant "50%").
+  std::string bare_bytes_text;
 };
 
 // The request a command line makes: the --budget flag when given, else the config's `budget`,
-// else 100%; UsageError for a budget that does not parse.
+// else 100%; UsageError for a budget that does not parse or is above 100%.
 PlanRequest plan_request_for(const MergeSpec& spec, const std::string& budget_flag,
                              std::optional<double> max_error);
 
