@@ -188,6 +188,11 @@ void print_merge_summary(const MergeTask& task, const PipelineOutcome& outcome,
               static_cast<unsigned long long>(plan.pairs_total),
               static_cast<unsigned long long>(plan.pairs_zero));
   std::printf("  error bound        %.6g\n", plan.error_bound);
+  if (task.spec.base_is_reference) {
+    std::printf(
+        "  reference model    %s (the config has no base_model: the first model, weight %g)\n",
+        task.spec.base_model.c_str(), task.spec.base_weight.value_or(1.0));
+  }
   std::printf("  wall time          %.2f s (catalog %.2f s, plan %.3f s, merge %.2f s)\n",
               outcome.total_seconds, o.pipeline.catalog_load_seconds, o.pipeline.plan_seconds,
               outcome.run.merge_seconds);

@@ -54,6 +54,12 @@ void print_summary(const Plan& plan, const Catalog& catalog, const std::string& 
               plan.bound_is_guarantee ? "  (guaranteed: ||M - M_A|| <= bound)"
                                       : "  (estimate, not a guarantee)");
   std::printf("  deviation estimate %.6g\n", plan.deviation_estimate);
+  if (plan.base_is_reference) {
+    std::printf(
+        "  reference model    %s (no base_model in the config: its first model, weight %g,"
+        " the others' deltas taken against it)\n",
+        plan.base_dir.c_str(), plan.base_weight.value_or(1.0));
+  }
 
   std::printf("\n  per-expert coverage (admitted / non-zero)\n");
   std::printf("  %3s  %-44s %8s %8s %17s %20s %8s\n", "#", "expert", "weight", "density", "pairs",

@@ -205,7 +205,13 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
     }
   }
   if (!have_method) r.fail(root, "merge_method", "missing");
-  if (!have_base) r.fail(root, "base_model", "missing (every method merges deltas against a base)");
+  // linear is a weighted average of the models: mergekit needs no base for it. The first model
+  // then serves as the reference the others' deltas are taken against.
+  if (!have_base && spec.method != MergeMethod::kLinear) {
+    r.fail(root, "base_model",
+           "missing (" + std::string(merge_method_name(spec.method)) +
+               " merges deltas against a base; only linear takes none)");
+  }
   if (!have_models) r.fail(root, "models", "missing");
   if (!models.IsSequence()) r.fail(models, "models", "expected a list of models");
 
@@ -235,6 +241,21 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
       if (!have_model) r.fail(entry, path + ".model", "missing");
     }
     spec.experts.push_back(std::move(e));
+  }
+  if (!have_base && !spec.experts.empty()) {
+    spec.base_model = spec.experts.front().path;
+    spec.base_weight = spec.experts.front().weight;
+    spec.base_is_reference = true;
+    spec.experts.erase(spec.experts.begin());
+  } else {
+    // The base listed among the models too (mergekit allows it): linear averages it with its
+    // weight; the task-vector methods take nothing from it (its delta is zero), as mergekit.
+    for (auto it = spec.experts.begin(); it != spec.experts.end(); ++it) {
+      if (it->path != spec.base_model) continue;
+      if (spec.method == MergeMethod::kLinear) spec.base_weight = it->weight;
+      spec.experts.erase(it);
+      break;
+    }
   }
   try {
     spec.validate();

@@ -55,6 +55,8 @@ ojson make_manifest(const ManifestRecord& r) {
   if (spec.out_dtype) parameters["dtype"] = torch_dtype_name(*spec.out_dtype);
   if (spec.rescale) parameters["rescale"] = *spec.rescale;
   if (spec.t) parameters["t"] = *spec.t;
+  if (spec.base_weight) parameters["base_weight"] = *spec.base_weight;
+  if (spec.base_is_reference) parameters["base_is_reference"] = true;
 
   ojson tensors = ojson::array();
   ojson tensor_hashes = ojson::object();
@@ -126,6 +128,8 @@ ManifestReplayInfo parse_manifest(const std::string& text, const std::string& so
     info.spec.base_model = p.at("base_model").get<std::string>();
     if (p.contains("rescale")) info.spec.rescale = p.at("rescale").get<bool>();
     if (p.contains("t")) info.spec.t = p.at("t").get<double>();
+    if (p.contains("base_weight")) info.spec.base_weight = p.at("base_weight").get<double>();
+    info.spec.base_is_reference = p.value("base_is_reference", false);
     if (p.contains("dtype"))
       info.spec.out_dtype = parse_output_dtype(p.at("dtype").get<std::string>());
     for (const auto& e : p.at("models"))

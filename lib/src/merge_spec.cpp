@@ -68,7 +68,7 @@ std::vector<std::string> MergeSpec::expert_paths() const {
 }
 
 double MergeSpec::weight_scale() const {
-  double largest = 0;
+  double largest = base_weight && std::isfinite(*base_weight) ? std::fabs(*base_weight) : 0.0;
   for (const auto& e : experts)
     if (std::isfinite(e.weight)) largest = std::max(largest, std::fabs(e.weight));
   // Ordinary weights are left as they are (their plans and bounds do not change).
@@ -79,6 +79,11 @@ double MergeSpec::weight_scale() const {
 }
 
 void MergeSpec::validate() const {
+  if (experts.empty() && base_is_reference) {
+    throw UsageError(
+        "config: a linear merge without base_model needs two models or more (it "
+        "averages them; one is a copy)");
+  }
   if (experts.empty()) throw UsageError("config: 'models' lists no expert to merge");
   for (const auto& e : experts) {
     if (!std::isfinite(e.weight))
@@ -89,6 +94,10 @@ void MergeSpec::validate() const {
     }
   }
   if (!std::isfinite(lambda)) throw UsageError("config: parameter 'lambda' is not finite");
+  if (base_weight && !std::isfinite(*base_weight))
+    throw UsageError("config: the base model's weight is not finite");
+  if (base_weight && method != MergeMethod::kLinear)
+    throw UsageError("config: a weight for the base model applies to linear only");
   const std::string name(merge_method_name(method));
   if (method == MergeMethod::kNearswap) {
     if (experts.size() != 1) {
@@ -121,6 +130,7 @@ void MergeSpec::validate() const {
     }
     weight_sum += w;
   }
+  weight_sum += base_weight.value_or(0.0) * scale;
   if (!std::isfinite(weight_sum) ||
       (scale == 1.0 && method == MergeMethod::kLinear &&
        std::fabs(weight_sum) > static_cast<double>(std::numeric_limits<float>::max())))
@@ -139,6 +149,8 @@ Coefficients additive_coefficients(const MergeSpec& spec) {
   // Σw can then neither overflow nor underflow.
   const double scale = spec.weight_scale();
   for (const auto& e : spec.experts) weight_sum += e.weight * scale;
+  // linear with the base averaged in: Σ w θ / Σ w over the base and the experts alike.
+  weight_sum += spec.base_weight.value_or(0.0) * scale;
   const bool normalize = spec.effective_normalize();
   c.alpha.reserve(spec.experts.size());
   switch (spec.method) {

@@ -30,7 +30,7 @@ void serialize(Archive& ar, ExpertSpec& e) {
 template <class Archive>
 void serialize(Archive& ar, MergeSpec& s) {
   ar(s.method, s.base_model, s.experts, s.normalize, s.lambda, s.out_dtype, s.seed, s.budget,
-     s.rescale, s.t);
+     s.rescale, s.t, s.base_weight, s.base_is_reference);
 }
 
 std::vector<TensorInfo> MergeTask::output_tensors() const {

@@ -326,6 +326,7 @@ OperatorConfig OperatorConfig::from_spec(const MergeSpec& spec) {
   cfg.seed = spec.seed;
   cfg.rescale = spec.effective_rescale();
   cfg.t = static_cast<float>(spec.t.value_or(0.0));
+  cfg.base_weight = static_cast<float>(spec.base_weight.value_or(0.0) * spec.weight_scale());
   cfg.weights.reserve(spec.experts.size());
   cfg.densities.reserve(spec.experts.size());
   const double scale = spec.weight_scale();
@@ -344,6 +345,7 @@ OperatorScalars operator_scalars(const OperatorConfig& cfg) {
   OperatorScalars sc;
   double weight_sum = 0;
   for (float w : cfg.weights) weight_sum += static_cast<double>(w);
+  if (cfg.method == MergeMethod::kLinear) weight_sum += static_cast<double>(cfg.base_weight);
   // Normalisation by Σw for the fixed-coefficient sums; TIES-style methods divide per element.
   const bool divide = cfg.normalize && !uses_sign_election(cfg.method);
   if (divide && weight_sum == 0.0) {

@@ -75,10 +75,15 @@ std::string write_binary(const Plan& plan, bool with_hash_and_timing) {
     plan_fields(ar, p, false);
     // Method parameters added after the format was fixed: hashed only when they differ from
     // their defaults, so the plans (and manifests) written before them keep their hashes.
-    bool has_t = p.t.has_value();
-    double t = p.t.value_or(0.0);
+    bool has_t = p.t.has_value(), has_base_weight = p.base_weight.has_value();
+    double t = p.t.value_or(0.0), base_weight = p.base_weight.value_or(0.0);
     if (!with_hash_and_timing && (!p.rescale || has_t)) ar(p.rescale, has_t, t);
-    if (with_hash_and_timing) ar(p.hash, p.planning_seconds, p.rescale, has_t, t);
+    if (!with_hash_and_timing && (has_base_weight || p.base_is_reference))
+      ar(has_base_weight, base_weight, p.base_is_reference);
+    if (with_hash_and_timing) {
+      ar(p.hash, p.planning_seconds, p.rescale, has_t, t);
+      ar(has_base_weight, base_weight, p.base_is_reference);
+    }
   }
   return std::move(os).str();
 }
@@ -131,10 +136,12 @@ Plan deserialize_plan(const std::string& bytes) {
     cereal::PortableBinaryInputArchive ar(
         is, cereal::PortableBinaryInputArchive::Options::LittleEndian());
     plan_fields(ar, p, true);
-    bool has_t = false;
-    double t = 0;
+    bool has_t = false, has_base_weight = false;
+    double t = 0, base_weight = 0;
     ar(p.hash, p.planning_seconds, p.rescale, has_t, t);
+    ar(has_base_weight, base_weight, p.base_is_reference);
     if (has_t) p.t = t;
+    if (has_base_weight) p.base_weight = base_weight;
     if (is.tellg() != static_cast<std::streamoff>(bytes.size())) {
       throw InputError("plan: trailing bytes after the serialised plan");
     }
@@ -301,6 +308,8 @@ json plan_to_json(const Plan& p) {
   j["parameters"] = {{"lambda", p.lambda}, {"normalize", p.normalize}, {"seed", p.seed}};
   if (!p.rescale) j["parameters"]["rescale"] = false;
   if (p.t) j["parameters"]["t"] = *p.t;
+  if (p.base_weight) j["parameters"]["base_weight"] = *p.base_weight;
+  if (p.base_is_reference) j["base_is_reference"] = true;
   j["budget_bytes"] = p.budget_bytes;
   j["max_error"] = p.max_error ? json(*p.max_error) : json(nullptr);
   j["planned_expert_bytes"] = p.planned_expert_bytes;
@@ -378,6 +387,8 @@ Plan plan_from_json(const json& j, const std::string& source) {
   p.seed = r.u64(params, "seed", "parameters.");
   if (params.contains("rescale")) p.rescale = r.boolean(params, "rescale", "parameters.");
   if (params.contains("t")) p.t = r.real(params, "t", "parameters.");
+  if (params.contains("base_weight")) p.base_weight = r.real(params, "base_weight", "parameters.");
+  if (j.contains("base_is_reference")) p.base_is_reference = r.boolean(j, "base_is_reference");
   p.budget_bytes = r.u64(j, "budget_bytes");
   const json& max_error = r.at(j, "max_error", "");
   if (!max_error.is_null()) p.max_error = r.real(j, "max_error");

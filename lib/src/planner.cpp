@@ -154,6 +154,12 @@ Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest&
     }
   }
   if (normalize_checkpoint_dir(spec.base_model) != normalize_checkpoint_dir(catalog.base.dir)) {
+    if (spec.base_is_reference) {
+      throw InputError("the config has no base_model, so its first model '" + spec.base_model +
+                       "' is the reference the others are budgeted against, but the catalog's "
+                       "base is '" +
+                       catalog.base.dir + "': build the catalog with --base " + spec.base_model);
+    }
     throw InputError("config base_model '" + spec.base_model + "' is not the catalog's base '" +
                      catalog.base.dir + "' (a catalog of another family?)");
   }
@@ -197,6 +203,8 @@ Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest&
   plan.seed = spec.seed;
   plan.rescale = spec.effective_rescale();
   plan.t = spec.t;
+  plan.base_weight = spec.base_weight;
+  plan.base_is_reference = spec.base_is_reference;
 
   const PairGains gains = compute_pair_gains(catalog, spec, plan.catalog_expert);
   const std::size_t K = gains.experts, B = gains.blocks, T = catalog.tensors.size();
@@ -324,6 +332,8 @@ Plan make_full_read_plan(const MergeSpec& spec, const std::vector<TensorInfo>& t
   plan.seed = spec.seed;
   plan.rescale = spec.effective_rescale();
   plan.t = spec.t;
+  plan.base_weight = spec.base_weight;
+  plan.base_is_reference = spec.base_is_reference;
   plan.tensor_count = T;
   plan.block_count = B;
   plan.pairs_total = plan.pairs_admitted = K * B;

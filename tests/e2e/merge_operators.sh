@@ -101,3 +101,49 @@ expect_exit 2 "config: parameter 't' belongs to nearswap; ties does not take it"
 expect_exit 2 "config: nearswap merges one model into the base, but 'models' lists 2" run_np 1 merge \
   ns-two.yaml --catalog cat --out ns-bad
 echo "nearswap, dare without rescale: ok"
+
+# linear without base_model (mergekit's examples/linear.yml form): the first model is the
+# reference the others are budgeted against; the result is the plain weighted average. And the
+# base listed among the models of a linear config is averaged with its weight.
+cat >avg.yaml <<YAML
+models:
+  - model: fam/base
+    parameters:
+      weight: 1.0
+  - model: fam/expert00
+    parameters:
+      weight: 0.3
+  - model: fam/expert01
+    parameters:
+      weight: 0.5
+merge_method: linear
+dtype: float32
+YAML
+run_np 2 merge avg.yaml avg-100 --catalog cat --budget 100% >avg.txt
+grep -q "reference model .*fam/base (the config has no base_model" avg.txt || fail "no reference line: $(cat avg.txt)"
+"$PYTHON" "$REF" avg.yaml avg-100
+run_np 1 merge avg.yaml avg-full --full-read --quiet
+same_model_files avg-100 avg-full
+[[ "$(json_get avg-100/mergepipe.manifest.json parameters.base_is_reference)" == True ]] ||
+  fail "the manifest does not say the base is the reference"
+"$MERGEPIPE" replay avg-100/mergepipe.manifest.json --out avg-replay --quiet
+same_model_files avg-100 avg-replay
+{ echo "base_model: fam/base"; cat avg.yaml; } >avg-base.yaml
+run_np 2 merge avg-base.yaml avg-base --catalog cat --budget 100% --quiet
+same_model_files avg-100 avg-base
+# The same with a catalog of another base: the message says which base to catalog.
+sed '0,/fam\/base/s//fam\/expert02/' avg.yaml >avg-other.yaml
+expect_exit 3 "the config has no base_model, so its first model '.*/fam/expert02' is the reference .*build the catalog with --base .*/fam/expert02" \
+  run_np 1 merge avg-other.yaml avg-bad --catalog cat
+# ties with the base among its models: mergekit takes nothing from it; so does this.
+write_config ties-b.yaml ties fam 2 "" float32
+"$PYTHON" - ties-b.yaml <<'PY'
+import sys, yaml
+c = yaml.safe_load(open(sys.argv[1]))
+c["models"].append({"model": "fam/base", "parameters": {"weight": 3.0, "density": 0.5}})
+yaml.safe_dump(c, open(sys.argv[1].replace(".yaml", "-with-base.yaml"), "w"))
+PY
+run_np 2 merge ties-b.yaml tb --catalog cat --quiet
+run_np 2 merge ties-b-with-base.yaml tbb --catalog cat --quiet
+same_model_files tb tbb
+echo "linear without a base, the base among the models: ok"

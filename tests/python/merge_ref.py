@@ -76,7 +76,9 @@ def main():
     models = [m if isinstance(m, dict) else {"model": m} for m in cfg["models"]]
     weights = [float((m.get("parameters") or {}).get("weight", params.get("weight", 1.0))) for m in models]
     densities = [float((m.get("parameters") or {}).get("density", params.get("density", 1.0))) for m in models]
-    base = read_folder(resolve(cfg["base_model"]))
+    # linear without base_model (mergekit allows it): the plain weighted average of the models.
+    average_only = "base_model" not in cfg
+    base = read_folder(resolve(cfg["base_model"] if not average_only else models[0]["model"]))
     experts = [read_folder(resolve(m["model"])) for m in models]
     merged = read_folder(merged_dir)
     wsum = sum(weights)
@@ -84,7 +86,10 @@ def main():
     for name, (theta0, _) in base.items():
         got, out_dtype = merged[name]
         deltas = [e[name][0] - theta0 for e in experts]  # fp32 subtraction, as MergePipe
-        if method == "linear":
+        if method == "linear" and average_only:
+            total = sum(np.float64(w) * e[name][0].astype(np.float64) for w, e in zip(weights, experts))
+            ref = total / np.float64(wsum) if normalize else total
+        elif method == "linear":
             alpha = [np.float32(w / wsum) if normalize else np.float32(w) for w in weights]
             acc = np.zeros_like(theta0)
             for a, d in zip(alpha, deltas):

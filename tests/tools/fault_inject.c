@@ -17,6 +17,9 @@
 //                                       evenly, whatever its reads hold in memory)
 //   MERGEPIPE_FAULT_SLOW_RENAME=TEXT    rename() of a path containing TEXT first sleeps
 //                                       MERGEPIPE_FAULT_SLOW_MS (widens a publication window)
+//   MERGEPIPE_FAULT_FLIP_FILE=PATH      pread, pread64, preadv and preadv2 of the file PATH return
+//   MERGEPIPE_FAULT_FLIP_OFFSET=N       the byte at offset N with its lowest bit flipped (storage
+//                                       that returns wrong data; the file itself is unchanged)
 //   MERGEPIPE_FAULT_RANK=R              only in the MPI rank R (OMPI_COMM_WORLD_RANK or PMI_RANK)
 //
 // A file is recognised by its path in /proc/self/fd, so faults follow the file, not the call site.
@@ -40,6 +43,8 @@ static const char* slow_prefix;
 static const char* slow_write_prefix;
 static const char* slow_rename;
 static long slow_ms;
+static const char* flip_file;
+static long long flip_offset = -1;
 
 // Read once, before main: the configuration never changes during a run.
 __attribute__((constructor)) static void read_configuration(void) {
@@ -60,6 +65,9 @@ __attribute__((constructor)) static void read_configuration(void) {
   slow_rename = getenv("MERGEPIPE_FAULT_SLOW_RENAME");
   const char* ms = getenv("MERGEPIPE_FAULT_SLOW_MS");
   slow_ms = ms ? strtol(ms, NULL, 10) : 100;
+  flip_file = getenv("MERGEPIPE_FAULT_FLIP_FILE");
+  const char* flip = getenv("MERGEPIPE_FAULT_FLIP_OFFSET");
+  flip_offset = flip ? strtoll(flip, NULL, 10) : -1;
 }
 
 static int fd_path(int fd, char* out, size_t size) {
@@ -106,6 +114,26 @@ static int read_fails(int fd) {
   if (__atomic_sub_fetch(&eio_remaining, 1, __ATOMIC_RELAXED) < 0) return 0;
   errno = EIO;
   return 1;
+}
+
+// Flips the chosen byte in what a positioned read of `got` bytes at `offset` returned.
+static void flip_read(int fd, const struct iovec* iov, int count, off_t offset, ssize_t got) {
+  if (!flip_file || got <= 0 || flip_offset < offset || flip_offset >= offset + got) return;
+  char path[PATH_MAX];
+  if (!fd_path(fd, path, sizeof path) || strcmp(path, flip_file) != 0) return;
+  long long at = flip_offset - offset;
+  for (int i = 0; i < count; ++i) {
+    if (at < (long long)iov[i].iov_len) {
+      ((unsigned char*)iov[i].iov_base)[at] ^= 0x01;
+      return;
+    }
+    at -= (long long)iov[i].iov_len;
+  }
+}
+static ssize_t flipped(int fd, void* buf, off_t offset, ssize_t got) {
+  const struct iovec one = {buf, got > 0 ? (size_t)got : 0};
+  flip_read(fd, &one, 1, offset, got);
+  return got;
 }
 
 #define NEXT(name) ((__typeof__(&name))dlsym(RTLD_NEXT, #name))
@@ -167,25 +195,29 @@ ssize_t read(int fd, void* buf, size_t n) {
 ssize_t pread(int fd, void* buf, size_t n, off_t offset) {
   slow_down(fd);
   if (read_fails(fd)) return -1;
-  return NEXT(pread)(fd, buf, n, offset);
+  return flipped(fd, buf, offset, NEXT(pread)(fd, buf, n, offset));
 }
 
 ssize_t pread64(int fd, void* buf, size_t n, off64_t offset) {
   slow_down(fd);
   if (read_fails(fd)) return -1;
-  return NEXT(pread64)(fd, buf, n, offset);
+  return flipped(fd, buf, offset, NEXT(pread64)(fd, buf, n, offset));
 }
 
 ssize_t preadv(int fd, const struct iovec* iov, int count, off_t offset) {
   slow_down(fd);
   if (read_fails(fd)) return -1;
-  return NEXT(preadv)(fd, iov, count, offset);
+  const ssize_t got = NEXT(preadv)(fd, iov, count, offset);
+  flip_read(fd, iov, count, offset, got);
+  return got;
 }
 
 ssize_t preadv2(int fd, const struct iovec* iov, int count, off_t offset, int flags) {
   slow_down(fd);
   if (read_fails(fd)) return -1;
-  return NEXT(preadv2)(fd, iov, count, offset, flags);
+  const ssize_t got = NEXT(preadv2)(fd, iov, count, offset, flags);
+  flip_read(fd, iov, count, offset, got);
+  return got;
 }
 
 int rename(const char* from, const char* to) {

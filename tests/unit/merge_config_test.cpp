@@ -76,6 +76,42 @@ TEST(MergeConfig, MethodParameters) {
   EXPECT_EQ(OperatorConfig::from_spec(ns).t, 0.25f);
 }
 
+// linear without base_model: the first model is the reference (averaged with its weight);
+// the base listed among the models: averaged by linear, dropped by the task-vector methods.
+TEST(MergeConfig, BaseOptionalForLinearAndBaseAmongTheModels) {
+  const MergeSpec avg = io::parse_merge_config(
+      "merge_method: linear\nmodels:\n  - model: /m0\n    parameters: {weight: 2}\n"
+      "  - model: /m1\n    parameters: {weight: 1}\n  - model: /m2\n    parameters: {weight: 1}\n",
+      "c.yaml");
+  EXPECT_TRUE(avg.base_is_reference);
+  EXPECT_EQ(avg.base_model, "/m0");
+  EXPECT_EQ(avg.base_weight, 2.0);
+  ASSERT_EQ(avg.experts.size(), 2u);
+  // Σ w θ / Σ w = θ0 + Σ (w_k / 4) Δ_k
+  const Coefficients c = additive_coefficients(avg);
+  EXPECT_DOUBLE_EQ(c.alpha[0], 0.25);
+  EXPECT_DOUBLE_EQ(c.base_scale, 1.0);
+  MergeSpec sum = avg;
+  sum.normalize = false;  // Σ w θ = 4·θ0 + Σ w_k Δ_k
+  EXPECT_DOUBLE_EQ(additive_coefficients(sum).base_scale, 4.0);
+  EXPECT_FLOAT_EQ(operator_scalars(OperatorConfig::from_spec(sum)).base_scale, 4.0f);
+
+  const MergeSpec ties = io::parse_merge_config(
+      "merge_method: ties\nbase_model: /b\nmodels:\n  - /a\n  - model: /b\n"
+      "    parameters: {weight: 5}\n",
+      "c.yaml");
+  ASSERT_EQ(ties.experts.size(), 1u);
+  EXPECT_EQ(ties.experts[0].path, "/a");
+  EXPECT_FALSE(ties.base_weight.has_value());
+  const MergeSpec lin = io::parse_merge_config(
+      "merge_method: linear\nbase_model: /b\nmodels:\n  - /a\n  - model: /b\n"
+      "    parameters: {weight: 5}\n",
+      "c.yaml");
+  EXPECT_FALSE(lin.base_is_reference);
+  EXPECT_EQ(lin.base_weight, 5.0);
+  EXPECT_DOUBLE_EQ(additive_coefficients(lin).alpha[0], 1.0 / 6.0);
+}
+
 TEST(MergeConfig, DefaultsAndStringModels) {
   const MergeSpec s = io::parse_merge_config(R"(
 merge_method: linear

@@ -44,6 +44,10 @@ struct MergeSpec {
   std::optional<std::string> budget;  // as written ("25%", "12GiB", ...)
   std::optional<bool> rescale;        // DARE: divide kept deltas by the density (default true)
   std::optional<double> t;            // nearswap: the similarity threshold (required there)
+  // linear: the base's own weight when it takes part in the average (listed among the models,
+  // or the reference model of a config without base_model); unset: the base is not averaged.
+  std::optional<double> base_weight;
+  bool base_is_reference = false;  // the config had no base_model: base_model is its first model
 
   bool effective_normalize() const { return normalize.value_or(default_normalize(method)); }
   bool effective_rescale() const { return rescale.value_or(true); }

@@ -23,8 +23,9 @@ struct OperatorConfig {
   std::vector<float> weights;    // w_k per expert (plan order)
   std::vector<float> densities;  // per expert, in (0, 1]
   std::uint64_t seed = 0;
-  bool rescale = true;  // DARE: kept deltas divided by the density (mergekit's `rescale`)
-  float t = 0;          // nearswap's threshold
+  bool rescale = true;    // DARE: kept deltas divided by the density (mergekit's `rescale`)
+  float t = 0;            // nearswap's threshold
+  float base_weight = 0;  // linear: the base's weight in the average (0: not averaged)
 
   static OperatorConfig from_spec(const MergeSpec& spec);
   std::size_t expert_count() const { return weights.size(); }

@@ -58,6 +58,10 @@ struct Plan {
   std::uint64_t seed = 0;
   bool rescale = true;      // DARE's rescale (effective value)
   std::optional<double> t;  // nearswap's threshold
+  // linear: the base's weight in the average, and whether the base is the config's first model
+  // (a config without base_model); see MergeSpec.
+  std::optional<double> base_weight;
+  bool base_is_reference = false;
 
   std::uint64_t tensor_count = 0;
   std::uint64_t block_count = 0;
