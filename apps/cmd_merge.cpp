@@ -14,6 +14,7 @@
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/catalog_store.hpp"
 #include "mergepipe/io/checkpoint_location.hpp"
+#include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hf_folder.hpp"
 #include "mergepipe/io/merge_config.hpp"
 #include "mergepipe/io/output_layout.hpp"
@@ -208,7 +209,8 @@ int cmd_merge(CommandContext& ctx) {
   double max_error = -1;
   std::uint64_t seed = 0;
   std::string out_shard_size;
-  bool cuda = false, lazy_unpickle = false, verbose = false;
+  bool cuda = false, lazy_unpickle = false, verbose = false, no_copy_tokenizer = false,
+       no_model_card = false, copy_tokenizer = false, model_card = false;
   po::options_description desc("merge options");
   desc.add_options()("config", po::value(&o.config)->required(), "merge description (YAML)")(
       "catalog", po::value(&o.catalog), "catalog folder of the family (from `mergepipe catalog`)")(
@@ -234,6 +236,13 @@ int cmd_merge(CommandContext& ctx) {
       "mergekit's --out-shard-size, in its units: 5B is five billion bytes, 500M, 100K")(
       "verbose,v", po::bool_switch(&verbose),
       "accepted for mergekit's -v (progress is shown unless --quiet)")(
+      "copy-tokenizer", po::bool_switch(&copy_tokenizer),
+      "copy the base's tokenizer files to the output (the default)")(
+      "no-copy-tokenizer", po::bool_switch(&no_copy_tokenizer),
+      "leave the tokenizer files out of the output")("write-model-card",
+                                                     po::bool_switch(&model_card),
+                                                     "write README.md, a model card (the default)")(
+      "no-write-model-card", po::bool_switch(&no_model_card), "write no README.md")(
       "cuda", po::bool_switch(&cuda), "refused: MergePipe merges on CPUs under MPI")(
       "lazy-unpickle", po::bool_switch(&lazy_unpickle),
       "refused: MergePipe reads safetensors only");
@@ -261,6 +270,14 @@ int cmd_merge(CommandContext& ctx) {
               "merge: --lazy-unpickle: MergePipe reads safetensors checkpoints only (no "
               "pickled .bin files); convert them to safetensors first");
         }
+        if (copy_tokenizer && no_copy_tokenizer)
+          throw UsageError("merge: --copy-tokenizer and --no-copy-tokenizer contradict each other");
+        if (model_card && no_model_card) {
+          throw UsageError(
+              "merge: --write-model-card and --no-write-model-card contradict each other");
+        }
+        o.pipeline.folder.copy_tokenizer = !no_copy_tokenizer;
+        o.pipeline.folder.write_model_card = !no_model_card;
         if (!vm->count("out"))  // an empty --out is the output guard's to refuse
           throw UsageError("merge: the output folder is missing (merge CONFIG OUT, or --out OUT)");
         if (!out_shard_size.empty()) {
@@ -306,6 +323,7 @@ int cmd_merge(CommandContext& ctx) {
   auto failure = mpi::capture_failure([&] {
     if (!ctx.comm.is_root()) return;
     spec = io::load_merge_config(o.config);
+    o.pipeline.folder.config_text = io::read_text_file(o.config);
     std::vector<io::GuardedInput> inputs{{"config", o.config}, {"base model", spec.base_model}};
     for (const auto& e : spec.experts) inputs.push_back({"expert", e.path});
     if (!o.full_read) inputs.push_back({"catalog", o.catalog});

@@ -81,6 +81,8 @@ int cmd_replay(CommandContext& ctx) {
       task.experts.push_back(reopen_checked(e, task.tensors, manifest_path));
     pipeline.expected_hashes = info.tensor_hashes;
     pipeline.replay_of = info.plan_hash;
+    pipeline.folder = {info.copy_tokenizer, info.write_model_card, info.config_text,
+                       info.card_title};
   });
   ctx.comm.check(failure, "prepare replay");
 

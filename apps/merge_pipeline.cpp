@@ -15,6 +15,7 @@
 #include "mergepipe/io/proc_io.hpp"
 #include "mergepipe/io/staging.hpp"
 #include "mergepipe/manifest.hpp"
+#include "mergepipe/model_card.hpp"
 #include "mergepipe/mpi/cpu_placement.hpp"
 #include "mergepipe/plan.hpp"
 
@@ -61,7 +62,8 @@ nlohmann::json lineage_of(const MergeTask& task) {
   return parents;
 }
 
-void write_folder_metadata(const MergeTask& task, const std::string& dir) {
+void write_folder_metadata(const MergeTask& task, const std::string& dir,
+                           const FolderOptions& folder) {
   const std::string base_config = task.base.dir + "/config.json";
   std::error_code ec;
   if (fs::exists(base_config, ec)) {
@@ -72,8 +74,15 @@ void write_folder_metadata(const MergeTask& task, const std::string& dir) {
   }
   for (const auto& entry : fs::directory_iterator(task.base.dir)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && io::is_carried_file(name))
-      io::copy_file(entry.path().string(), dir + "/" + name);
+    if (!entry.is_regular_file() || !io::is_carried_file(name)) continue;
+    if (!folder.copy_tokenizer && io::is_tokenizer_file(name)) continue;
+    io::copy_file(entry.path().string(), dir + "/" + name);
+  }
+  if (!folder.config_text.empty())
+    io::write_text_file(dir + "/mergekit_config.yml", folder.config_text);
+  if (folder.write_model_card) {
+    io::write_text_file(dir + "/README.md",
+                        make_model_card(task, folder.card_title, folder.config_text));
   }
   if (task.format == OutputFormat::kSafetensors) {
     const io::OutputLayout layout =
@@ -293,7 +302,13 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
         }
       }
     }
-    write_folder_metadata(task, staging->path());
+    FolderOptions folder = options.folder;
+    if (folder.card_title.empty()) {
+      std::string out = options.out;
+      while (out.size() > 1 && out.back() == '/') out.pop_back();
+      folder.card_title = fs::path(out).filename().string();
+    }
+    write_folder_metadata(task, staging->path(), folder);
     ManifestRecord record;
     record.task = &task;
     record.plan_json = plan_to_json(task.plan);
@@ -309,7 +324,12 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
     record.max_rss_bytes = outcome.run.max_rss_bytes;
     record.lineage_parents = lineage_of(task);
     record.replay_of = options.replay_of;
-    record.extra = {{"io_threads", outcome.run.io_threads},
+    record.extra = {{"output_folder",
+                     {{"copy_tokenizer", folder.copy_tokenizer},
+                      {"write_model_card", folder.write_model_card},
+                      {"card_title", folder.card_title},
+                      {"config_text", folder.config_text}}},
+                    {"io_threads", outcome.run.io_threads},
                     {"prefetch_depth", outcome.prefetch_depth},
                     {"schedule", options.schedule == mpi::Schedule::kStatic ? "static" : "dynamic"},
                     {"read_bytes", options.read_bytes},

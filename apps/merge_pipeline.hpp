@@ -17,8 +17,17 @@
 
 namespace mergepipe::app {
 
+// What the output folder holds besides the tensors, as mergekit writes it.
+struct FolderOptions {
+  bool copy_tokenizer = true;    // the base's tokenizer files (mergekit's --copy-tokenizer)
+  bool write_model_card = true;  // README.md (mergekit's --write-model-card)
+  std::string config_text;       // the config as given, copied to mergekit_config.yml
+  std::string card_title;        // "": the output folder's name (a replay keeps the original's)
+};
+
 struct PipelineOptions {
   std::string out;
+  FolderOptions folder;
   bool force = false;
   int threads = 0;         // 0: the node's cores shared by its ranks
   int io_threads = 0;      // 0: mpi::MergeRunOptions::io_threads says

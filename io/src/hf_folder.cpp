@@ -231,15 +231,19 @@ Checkpoint open_checkpoint(const std::string& dir) {
   return ckpt;
 }
 
+bool is_tokenizer_file(const std::string& file_name) {
+  static const std::set<std::string> exact = {"special_tokens_map.json", "added_tokens.json",
+                                              "vocab.json", "vocab.txt", "merges.txt"};
+  return exact.count(file_name) || file_name.starts_with("tokenizer") ||
+         file_name.starts_with("chat_template");
+}
+
 bool is_carried_file(const std::string& file_name) {
-  static const std::set<std::string> exact = {"special_tokens_map.json",
-                                              "added_tokens.json",
-                                              "generation_config.json",
-                                              "vocab.json",
-                                              "vocab.txt",
-                                              "merges.txt"};
-  if (exact.count(file_name)) return true;
-  return file_name.starts_with("tokenizer") || file_name.starts_with("chat_template");
+  // The processor files of multimodal bases travel with them, as mergekit copies them.
+  static const std::set<std::string> exact = {"generation_config.json", "preprocessor_config.json",
+                                              "processor_config.json",
+                                              "video_preprocessor_config.json"};
+  return exact.count(file_name) || is_tokenizer_file(file_name);
 }
 
 std::string shard_file_name(std::size_t index, std::size_t count) {

@@ -158,6 +158,13 @@ ManifestReplayInfo parse_manifest(const std::string& text, const std::string& so
     for (const auto& [name, hash] : outputs.at("tensor_hashes").items())
       info.tensor_hashes[name] = hash.get<std::string>();
     info.full_read = m.value("full_read", false);
+    if (m.contains("output_folder")) {
+      const auto& folder = m.at("output_folder");
+      info.copy_tokenizer = folder.at("copy_tokenizer").get<bool>();
+      info.write_model_card = folder.at("write_model_card").get<bool>();
+      info.config_text = folder.at("config_text").get<std::string>();
+      info.card_title = folder.value("card_title", "");
+    }
     info.base = location_from_json(m.at("inputs").at("base"));
     for (const auto& e : m.at("inputs").at("experts"))
       info.experts.push_back(location_from_json(e));

@@ -67,13 +67,14 @@ write_config() {
   } >"$file"
 }
 
-# same_model_files A B: every tensor file (and index/config) identical; manifests may differ.
+# same_model_files A B: every tensor file (and index/config/tokenizer) identical; the records of
+# how each was made (manifest, model card, config copy) may differ.
 same_model_files() {
   local a="$1" b="$2" f
   for f in "$a"/*; do
     local name
     name="$(basename "$f")"
-    [[ "$name" == mergepipe.manifest.json ]] && continue
+    [[ "$name" == mergepipe.manifest.json || "$name" == README.md || "$name" == mergekit_config.yml ]] && continue
     cmp -s "$f" "$b/$name" || fail "$name differs between $a and $b"
   done
   [[ $(ls "$a" | wc -l) -eq $(ls "$b" | wc -l) ]] || fail "$a and $b hold different files"

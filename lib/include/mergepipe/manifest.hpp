@@ -52,6 +52,12 @@ struct ManifestReplayInfo {
   std::vector<CheckpointLocation> experts;
   std::map<std::string, std::string> tensor_hashes;
   std::string plan_hash;
+  // The output folder's extra files as the merge wrote them (manifests before they were
+  // recorded: the tokenizer copied, no model card, no config copy).
+  bool copy_tokenizer = true;
+  bool write_model_card = false;
+  std::string config_text;
+  std::string card_title;
 };
 
 // Parses a manifest; InputError naming `source` for anything missing or malformed.

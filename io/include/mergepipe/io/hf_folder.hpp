@@ -24,8 +24,11 @@ std::map<std::string, std::string> parse_index_weight_map(std::string_view text,
                                                           const std::string& index_path);
 
 // Files carried from a base to outputs: tokenizer*, special_tokens_map.json, vocab/merges,
-// generation_config.json, chat_template*. (config.json is rewritten, not copied.)
+// chat_template*, generation_config.json and the processor configs (preprocessor_config.json,
+// processor_config.json, video_preprocessor_config.json). (config.json is rewritten.)
 bool is_carried_file(const std::string& file_name);
+// The carried files that make up the tokenizer (what --no-copy-tokenizer leaves out).
+bool is_tokenizer_file(const std::string& file_name);
 
 // Shard names as transformers writes them: "model-00001-of-00004.safetensors" (1-based).
 std::string shard_file_name(std::size_t index, std::size_t count);
