@@ -12,6 +12,7 @@
 #include "merge_pipeline.hpp"
 #include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
+#include "mergepipe/io/architecture_check.hpp"
 #include "mergepipe/io/catalog_store.hpp"
 #include "mergepipe/io/checkpoint_location.hpp"
 #include "mergepipe/io/file.hpp"
@@ -200,6 +201,32 @@ void print_merge_summary(const MergeTask& task, const PipelineOutcome& outcome,
   std::printf("  plan hash          %s\n", plan.hash.c_str());
 }
 
+// mergekit refuses a merge of models that are not one family unless --allow-crimes; so does
+// this, from the config.json files, before any weight is read (rank 0).
+void check_architectures(const MergeSpec& spec, bool allow_crimes, const OutputStyle& style) {
+  const auto base = io::read_architecture(spec.base_model);
+  if (!base) {
+    print_warning(style, spec.base_model +
+                             " has no config.json: the output has none either, and "
+                             "transformers cannot load it without one (copy the base's in)");
+    return;
+  }
+  for (const ExpertSpec& e : spec.experts) {
+    const auto expert = io::read_architecture(e.path);
+    if (!expert) continue;
+    const std::string difference = io::architecture_difference(*base, *expert);
+    if (difference.empty()) continue;
+    const std::string what =
+        e.path + "/config.json describes another model than the base's: " + difference;
+    if (!allow_crimes) {
+      throw InputError(what +
+                       "; merging across architectures is refused (--allow-crimes merges "
+                       "them anyway where their tensors match the base's)");
+    }
+    print_warning(style, what + " (merged anyway: --allow-crimes)");
+  }
+}
+
 }  // namespace
 
 int cmd_merge(CommandContext& ctx) {
@@ -210,7 +237,7 @@ int cmd_merge(CommandContext& ctx) {
   std::uint64_t seed = 0;
   std::string out_shard_size;
   bool cuda = false, lazy_unpickle = false, verbose = false, no_copy_tokenizer = false,
-       no_model_card = false, copy_tokenizer = false, model_card = false;
+       no_model_card = false, copy_tokenizer = false, model_card = false, allow_crimes = false;
   po::options_description desc("merge options");
   desc.add_options()("config", po::value(&o.config)->required(), "merge description (YAML)")(
       "catalog", po::value(&o.catalog), "catalog folder of the family (from `mergepipe catalog`)")(
@@ -243,6 +270,9 @@ int cmd_merge(CommandContext& ctx) {
                                                      po::bool_switch(&model_card),
                                                      "write README.md, a model card (the default)")(
       "no-write-model-card", po::bool_switch(&no_model_card), "write no README.md")(
+      "allow-crimes", po::bool_switch(&allow_crimes),
+      "merge experts whose config.json names another architecture or other sizes than the "
+      "base's (their tensors must still match the base's)")(
       "cuda", po::bool_switch(&cuda), "refused: MergePipe merges on CPUs under MPI")(
       "lazy-unpickle", po::bool_switch(&lazy_unpickle),
       "refused: MergePipe reads safetensors only");
@@ -335,6 +365,7 @@ int cmd_merge(CommandContext& ctx) {
       o.block_bytes = parse_byte_size(block_bytes_text, "merge: --block-bytes");
     if (!o.full_read && o.catalog.empty())
       throw UsageError("merge: --catalog is required (or --full-read for the naive baseline)");
+    check_architectures(spec, allow_crimes, o.pipeline.style);
   });
   ctx.comm.check(failure, "read merge config");
 

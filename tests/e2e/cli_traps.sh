@@ -70,3 +70,31 @@ expect_exit 2 "unknown command 'mrege' \(did you mean 'merge'\?\)" "$MERGEPIPE" 
 expect_exit 2 "unknown command 'catalgo' \(did you mean 'catalog'\?\)" "$MERGEPIPE" catalgo
 expect_exit 2 "unknown command 'frobnicate'$" "$MERGEPIPE" frobnicate
 echo "ok: help"
+
+# Models that are not one family (mergekit's "crimes"), from their config.json: refused before
+# any weight is read, unless --allow-crimes; a base without config.json gets a warning.
+cp -p fam/expert01/config.json expert01-config.json
+"$PYTHON" - fam/expert01/config.json <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["architectures"] = ["MistralForCausalLM"]
+json.dump(c, open(sys.argv[1], "w"))
+PY
+for np in 1 2; do
+  expect_exit 3 "fam/expert01/config.json describes another model than the base's: architectures \[\"MistralForCausalLM\"\] \(base \[\".*\"\]\); merging across architectures is refused \(--allow-crimes merges them anyway where their tensors match the base's\)" \
+    run_np "$np" merge c.yaml out --catalog cat
+  expect_one_error
+  expect_no_output out
+done
+run_np 2 merge c.yaml crimes --catalog cat --budget 60% --allow-crimes 2>crimes.txt >/dev/null
+grep -q "warning: .*describes another model than the base's.*merged anyway: --allow-crimes" crimes.txt ||
+  fail "no --allow-crimes warning: $(cat crimes.txt)"
+same_model_files crimes pos
+cp -p expert01-config.json fam/expert01/config.json
+mv fam/base/config.json base-config.json
+run_np 1 merge c.yaml no-config --catalog cat --budget 60% 2>noconfig.txt >/dev/null
+grep -q "warning: .*fam/base has no config.json: the output has none either" noconfig.txt ||
+  fail "no warning for a base without config.json: $(cat noconfig.txt)"
+[[ ! -e no-config/config.json ]] || fail "an output config.json from nowhere"
+mv base-config.json fam/base/config.json
+echo "ok: architecture check"
