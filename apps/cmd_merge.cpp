@@ -353,6 +353,7 @@ int cmd_merge(CommandContext& ctx) {
   auto failure = mpi::capture_failure([&] {
     if (!ctx.comm.is_root()) return;
     spec = io::load_merge_config(o.config);
+    for (const std::string& line : spec.ignored_keys) print_warning(o.pipeline.style, line);
     o.pipeline.folder.config_text = io::read_text_file(o.config);
     std::vector<io::GuardedInput> inputs{{"config", o.config}, {"base model", spec.base_model}};
     for (const auto& e : spec.experts) inputs.push_back({"expert", e.path});

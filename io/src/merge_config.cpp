@@ -149,6 +149,9 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
 
   MergeSpec spec;
   Defaults defaults;
+  // Parameters given explicitly (a key that changes nothing for the method is reported).
+  bool gave_lambda = false, gave_normalize = false, gave_density = false, gave_weight = false,
+       gave_rescale = false, gave_int8_mask = false;
   bool have_method = false, have_base = false, have_models = false;
   YAML::Node models;
   for (const auto& [key, value] : r.entries(
@@ -175,6 +178,12 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
            r.entries(value, key,
                      {"normalize", "lambda", "weight", "density", "rescale", "t", "int8_mask"})) {
         const std::string full = key + "." + pkey;
+        gave_lambda |= pkey == "lambda";
+        gave_normalize |= pkey == "normalize";
+        gave_density |= pkey == "density";
+        gave_weight |= pkey == "weight";
+        gave_rescale |= pkey == "rescale";
+        gave_int8_mask |= pkey == "int8_mask";
         if (pkey == "normalize") spec.normalize = r.boolean(pvalue, full);
         if (pkey == "rescale") spec.rescale = r.boolean(pvalue, full);
         if (pkey == "t") spec.t = r.number(pvalue, full);
@@ -233,6 +242,8 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
           for (const auto& [pkey, pvalue] :
                r.entries(value, path + ".parameters", {"weight", "density"})) {
             const std::string full = path + ".parameters." + pkey;
+            gave_weight |= pkey == "weight";
+            gave_density |= pkey == "density";
             if (pkey == "weight") e.weight = r.number(pvalue, full);
             if (pkey == "density") e.density = r.density(pvalue, full);
           }
@@ -257,6 +268,23 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
       break;
     }
   }
+  const std::string method(merge_method_name(spec.method));
+  const auto ignored = [&](bool given, const char* key, const std::string& why) {
+    if (given)
+      spec.ignored_keys.push_back(source_name + ": '" + key + "' changes nothing for " + method +
+                                  " (" + why + ")");
+  };
+  const bool nearswap = spec.method == MergeMethod::kNearswap;
+  ignored(gave_lambda && (spec.method == MergeMethod::kLinear || nearswap), "lambda",
+          nearswap ? "it moves each entry by t" : "a weighted average has no scale");
+  ignored(gave_density && (is_additive(spec.method) || nearswap), "density",
+          "it keeps every entry; ties, dare_linear and dare_ties trim or drop by it");
+  ignored(gave_weight && nearswap, "weight", "it takes one model and moves it by t");
+  ignored(gave_normalize && nearswap, "normalize", "it takes one model");
+  ignored(gave_rescale && spec.method == MergeMethod::kTaskArithmetic, "rescale",
+          "it drops no entries to rescale, as in mergekit");
+  ignored(gave_int8_mask, "int8_mask",
+          "a memory option of mergekit's; masks are never held whole here");
   try {
     spec.validate();
   } catch (const UsageError& e) {

@@ -103,3 +103,15 @@ cmp -s before.txt after.txt || fail "the existing output folder was modified"
 expect_exit 2 "already exists" "$MERGEPIPE" merge good.yaml --catalog cat --out done/
 echo "ok: output target exists"
 echo "bad configs: ok"
+
+# A key that changes nothing for the method is said once, as a warning, and the merge runs.
+printf "${head}models:\n  - {model: fam/expert00, parameters: {weight: 1, density: 0.5}}\nparameters: {lambda: 0.5, int8_mask: true}\n" >noop.yaml
+"$MERGEPIPE" merge noop.yaml --catalog cat --out noop 2>noop.txt >/dev/null || fail "noop.yaml: $(cat noop.txt)"
+for key in lambda density int8_mask; do
+  [[ $(grep -c "warning: noop.yaml: '$key' changes nothing for linear" noop.txt) -eq 1 ]] ||
+    fail "no single warning for $key: $(cat noop.txt)"
+done
+"$MERGEPIPE" plan noop.yaml --catalog cat 2>noop-plan.txt >/dev/null
+grep -q "warning: noop.yaml: 'lambda' changes nothing for linear (a weighted average has no scale)" noop-plan.txt ||
+  fail "plan does not warn: $(cat noop-plan.txt)"
+echo "ok: keys that change nothing"

@@ -48,6 +48,9 @@ struct MergeSpec {
   // or the reference model of a config without base_model); unset: the base is not averaged.
   std::optional<double> base_weight;
   bool base_is_reference = false;  // the config had no base_model: base_model is its first model
+  // Keys the config gave that change nothing for this method (one line each, for rank 0 to
+  // print as warnings); not part of the merge's identity.
+  std::vector<std::string> ignored_keys;
 
   bool effective_normalize() const { return normalize.value_or(default_normalize(method)); }
   bool effective_rescale() const { return rescale.value_or(true); }
