@@ -1,7 +1,5 @@
 #include "mergepipe/io/hdf5_handle.hpp"
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <string>
@@ -56,8 +54,9 @@ void silence_hdf5_errors() {
 
 namespace {
 
-// The innermost frames of HDF5's error stack: the cause (a system or MPI-IO error such as
-// "No space left on device") sits there, far below the call that reported the failure.
+// The innermost frames of HDF5's error stack: what failed underneath ("file write failed;
+// driver write request failed"), far below the call that reported it. (They do not carry the
+// system's reason; the output reserves its bytes up front so that a full disk says so.)
 herr_t collect_frame(unsigned depth, const H5E_error2_t* frame, void* into) {
   auto& lines = *static_cast<std::vector<std::string>*>(into);
   if (depth < 3 && frame->desc != nullptr && *frame->desc != '\0') lines.emplace_back(frame->desc);
@@ -65,9 +64,6 @@ herr_t collect_frame(unsigned depth, const H5E_error2_t* frame, void* into) {
 }
 
 std::string failure(const char* call, const std::string& context) {
-  // HDF5's drivers keep the system error out of their messages; the errno a failed write left
-  // says what the storage refused (only the codes a write failure sets are trusted).
-  const int cause = errno;
   std::vector<std::string> lines;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect_frame, &lines);
   H5Eclear2(H5E_DEFAULT);
@@ -76,11 +72,6 @@ std::string failure(const char* call, const std::string& context) {
   for (const std::string& line : lines) {
     if (detail.find(line) != std::string::npos) continue;
     detail += (detail.empty() ? "" : "; ") + line;
-  }
-  const bool write_failed = detail.find("write") != std::string::npos;
-  if (write_failed &&
-      (cause == ENOSPC || cause == EDQUOT || cause == EFBIG || cause == EIO || cause == EROFS)) {
-    detail += std::string(detail.empty() ? "" : ": ") + std::strerror(cause);
   }
   return detail.empty() ? message : message + ": " + detail;
 }

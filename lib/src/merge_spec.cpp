@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 
 #include "mergepipe/error.hpp"
+#include "mergepipe/number_text.hpp"
 
 namespace mergepipe {
 
@@ -123,9 +123,7 @@ void MergeSpec::validate() const {
     // Unnormalised, each term λ·w·Δ is formed in fp32 (and linear scales the base by Σw).
     if (scale == 1.0 && std::fabs(w * (method == MergeMethod::kLinear ? 1.0 : lambda)) >
                             static_cast<double>(std::numeric_limits<float>::max())) {
-      char text[32];
-      std::snprintf(text, sizeof text, "%g", e.weight);
-      throw UsageError("config: model '" + e.path + "': weight " + text +
+      throw UsageError("config: model '" + e.path + "': weight " + number_text(e.weight) +
                        " is beyond fp32 range without 'normalize: true'");
     }
     weight_sum += w;

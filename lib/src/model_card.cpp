@@ -3,15 +3,11 @@
 #include <cstdio>
 #include <sstream>
 
+#include "mergepipe/number_text.hpp"
+
 namespace mergepipe {
 
 namespace {
-
-std::string number(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", value);
-  return text;
-}
 
 // Bytes in the decimal units the Hugging Face hub shows.
 std::string bytes(std::uint64_t n) {
@@ -59,11 +55,11 @@ std::string make_model_card(const MergeTask& task, const std::string& title,
   }
   card << ".\n\n### Models Merged\n\nThe following models were included in the merge:\n";
   if (spec.base_is_reference || spec.base_weight)
-    card << "* " << spec.base_model << " (weight " << number(spec.base_weight.value_or(1.0))
+    card << "* " << spec.base_model << " (weight " << number_text(spec.base_weight.value_or(1.0))
          << ")\n";
   for (const ExpertSpec& e : spec.experts) {
-    card << "* " << e.path << " (weight " << number(e.weight);
-    if (e.density != 1.0) card << ", density " << number(e.density);
+    card << "* " << e.path << " (weight " << number_text(e.weight);
+    if (e.density != 1.0) card << ", density " << number_text(e.density);
     card << ")\n";
   }
   card << "\n### Reads\n\n";
@@ -78,7 +74,7 @@ std::string make_model_card(const MergeTask& task, const std::string& title,
     std::snprintf(pct, sizeof pct, "%.1f%%", share);
     card << "The merge read " << bytes(plan.planned_expert_bytes) << " of the experts' "
          << bytes(plan.full_expert_bytes) << " (" << pct << ", budget " << bytes(plan.budget_bytes)
-         << "); the bound on the omitted update is " << number(plan.error_bound)
+         << "); the bound on the omitted update is " << number_text(plan.error_bound)
          << (plan.bound_is_guarantee ? " (a guarantee)" : " (an estimate)") << ".";
   }
   card << " Plan `" << plan.hash

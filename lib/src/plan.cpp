@@ -73,16 +73,19 @@ std::string write_binary(const Plan& plan, bool with_hash_and_timing) {
         os, cereal::PortableBinaryOutputArchive::Options::LittleEndian());
     Plan& p = const_cast<Plan&>(plan);  // the writer only reads the fields
     plan_fields(ar, p, false);
-    // Method parameters added after the format was fixed: hashed only when they differ from
-    // their defaults, so the plans (and manifests) written before them keep their hashes.
+    // Method parameters added after the format was fixed: hashed only when one differs from
+    // its default, so the plans (and manifests) written before them keep their hashes; always
+    // sent to the ranks, after the hash.
     bool has_t = p.t.has_value(), has_base_weight = p.base_weight.has_value();
     double t = p.t.value_or(0.0), base_weight = p.base_weight.value_or(0.0);
-    if (!with_hash_and_timing && (!p.rescale || has_t)) ar(p.rescale, has_t, t);
-    if (!with_hash_and_timing && (has_base_weight || p.base_is_reference))
-      ar(has_base_weight, base_weight, p.base_is_reference);
+    const auto later_fields = [&] {
+      ar(p.rescale, has_t, t, has_base_weight, base_weight, p.base_is_reference);
+    };
     if (with_hash_and_timing) {
-      ar(p.hash, p.planning_seconds, p.rescale, has_t, t);
-      ar(has_base_weight, base_weight, p.base_is_reference);
+      ar(p.hash, p.planning_seconds);
+      later_fields();
+    } else if (!p.rescale || has_t || has_base_weight || p.base_is_reference) {
+      later_fields();
     }
   }
   return std::move(os).str();
@@ -138,8 +141,8 @@ Plan deserialize_plan(const std::string& bytes) {
     plan_fields(ar, p, true);
     bool has_t = false, has_base_weight = false;
     double t = 0, base_weight = 0;
-    ar(p.hash, p.planning_seconds, p.rescale, has_t, t);
-    ar(has_base_weight, base_weight, p.base_is_reference);
+    ar(p.hash, p.planning_seconds);
+    ar(p.rescale, has_t, t, has_base_weight, base_weight, p.base_is_reference);
     if (has_t) p.t = t;
     if (has_base_weight) p.base_weight = base_weight;
     if (is.tellg() != static_cast<std::streamoff>(bytes.size())) {

@@ -5,14 +5,13 @@
 #include <cstdio>
 
 #include "mergepipe/error.hpp"
+#include "mergepipe/number_text.hpp"
 
 namespace mergepipe {
 namespace {
 
 std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
+  return number_text(v);
 }
 
 // Every shape the planner indexes must agree, or the catalog is corrupt.

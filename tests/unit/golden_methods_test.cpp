@@ -257,8 +257,6 @@ TEST(GoldenMergekit, DareMeansMatchMergekitsMonteCarlo) {
       continue;
     if (skip_reason(c)) continue;
     Replay r = replay_inputs(c);
-    const json& global = c["resolved_parameters"]["global"];
-    r.cfg.rescale = !global.contains("rescale") || as_number(global["rescale"]) != 0.0;
     // mergekit rescales the kept deltas by L1(Δ)/L1(kept) of the whole tensor, we by
     // 1/density: equal in the limit of large tensors (the law of large numbers; relative spread
     // about √((1−d)/(d·n))), measurably different at 32 entries. docs/operators.md says so.
