@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "mergepipe/error.hpp"
+#include "mergepipe/mpi/comm.hpp"
 
 namespace mergepipe::app {
 
@@ -44,7 +45,13 @@ std::optional<po::variables_map> parse_command_line(
     reject_options_taken_as_values(command, options, vm);
     po::notify(vm);
   } catch (const po::error& e) {
-    throw UsageError(command + ": " + e.what() + " (see 'mergepipe " + command + " --help')");
+    // Every rank parses the same arguments and fails alike: a collective failure already, so
+    // rank 0 alone reports it and no rank aborts the job.
+    throw mpi::CollectiveError(
+        ExitCode::kUsage, command + ": " + e.what() + " (see 'mergepipe " + command + " --help')",
+        0);
+  } catch (const UsageError& e) {
+    throw mpi::CollectiveError(ExitCode::kUsage, e.what(), 0);
   }
   return vm;
 }

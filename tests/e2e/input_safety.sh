@@ -59,6 +59,19 @@ for np in 1 2; do
     run_np "$np" catalog --base fam/base --experts fam/expert00 --out user --force
   expect_exit 2 "synth: --out .* is the current folder" \
     "$MERGEPIPE" synth --preset tiny --experts 1 --out . --force
+  # Wrong exit codes and late errors (stop 46), with the inputs hashed around them.
+  expect_exit 2 "catalog: --experts needs at least one value before --out" \
+    run_np "$np" catalog --base fam/base --experts --out cat
+  expect_one_error
+  expect_exit 3 "fam/base: not a mergepipe output: it holds no mergepipe\.manifest\.json" \
+    run_np "$np" verify fam/base
+  # Equal weights of 1e308 (their fp32 values overflow) merge as equal weights of 1.
+  sed 's/weight: [0-9.]*/weight: 1e308/' c.yaml >huge.yaml
+  sed 's/weight: [0-9.]*/weight: 1/' c.yaml >ones.yaml
+  run_np "$np" merge huge.yaml --catalog cat --budget 25% --out "huge-$np" --quiet ||
+    fail "weights of 1e308 with normalize at $np rank(s)"
+  run_np "$np" merge ones.yaml --catalog cat --budget 25% --out "ones-$np" --quiet
+  same_model_files "ones-$np" "huge-$np"
   unchanged "refused targets at $np rank(s)"
   echo "ok: refused targets at $np rank(s)"
 done
