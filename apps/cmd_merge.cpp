@@ -20,6 +20,7 @@
 #include "mergepipe/io/merge_config.hpp"
 #include "mergepipe/io/output_layout.hpp"
 #include "mergepipe/io/read_ahead.hpp"
+#include "mergepipe/io/tokenizer_files.hpp"
 #include "mergepipe/mpi/catalog_load.hpp"
 #include "mergepipe/planner.hpp"
 #include "mergepipe/structure_match.hpp"
@@ -353,7 +354,7 @@ int cmd_merge(CommandContext& ctx) {
   auto failure = mpi::capture_failure([&] {
     if (!ctx.comm.is_root()) return;
     spec = io::load_merge_config(o.config);
-    for (const std::string& line : spec.ignored_keys) print_warning(o.pipeline.style, line);
+    for (const std::string& line : spec.config_warnings) print_warning(o.pipeline.style, line);
     o.pipeline.folder.config_text = io::read_text_file(o.config);
     std::vector<io::GuardedInput> inputs{{"config", o.config}, {"base model", spec.base_model}};
     for (const auto& e : spec.experts) inputs.push_back({"expert", e.path});
@@ -367,6 +368,7 @@ int cmd_merge(CommandContext& ctx) {
     if (!o.full_read && o.catalog.empty())
       throw UsageError("merge: --catalog is required (or --full-read for the naive baseline)");
     check_architectures(spec, allow_crimes, o.pipeline.style);
+    (void)io::tokenizer_folder(spec);  // refused now, not after the merge
   });
   ctx.comm.check(failure, "read merge config");
 

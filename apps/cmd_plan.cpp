@@ -125,7 +125,7 @@ int cmd_plan(CommandContext& ctx) {
   auto failure = mpi::capture_failure([&] {
     if (!ctx.comm.is_root()) return;
     const MergeSpec spec = io::load_merge_config(o.config);
-    for (const std::string& line : spec.ignored_keys) print_warning(OutputStyle{}, line);
+    for (const std::string& line : spec.config_warnings) print_warning(OutputStyle{}, line);
     if (vm->count("out")) {
       std::vector<io::GuardedInput> inputs{
           {"config", o.config}, {"catalog", o.catalog}, {"base model", spec.base_model}};

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli.hpp"
 #include "commands.hpp"
@@ -14,6 +15,7 @@
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/model_reader.hpp"
 #include "mergepipe/manifest.hpp"
+#include "mergepipe/mpi/comm.hpp"
 
 namespace mergepipe::app {
 
@@ -185,8 +187,17 @@ int cmd_verify(CommandContext& ctx) {
   const auto vm =
       parse_command_line("verify", "DIR [--against DIR2]", desc, pos, ctx.args, ctx.comm.is_root());
   if (!vm) return 0;
-  if (!ctx.comm.is_root()) return 0;  // serial: a check, not a job
-  return against.empty() ? check_hashes(dir, json) : compare_models(dir, against, json, max_rel);
+  // Serial: rank 0 checks, and its failure ends every rank the same way (one line, one exit
+  // code, no MPI_Abort racing the other ranks' exit).
+  int rc = 0;
+  std::optional<Error> failure;
+  if (ctx.comm.is_root()) {
+    failure = mpi::capture_failure([&] {
+      rc = against.empty() ? check_hashes(dir, json) : compare_models(dir, against, json, max_rel);
+    });
+  }
+  ctx.comm.check(failure, "verify");
+  return rc;
 }
 
 }  // namespace mergepipe::app

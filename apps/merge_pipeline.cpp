@@ -14,6 +14,7 @@
 #include "mergepipe/io/output_layout.hpp"
 #include "mergepipe/io/proc_io.hpp"
 #include "mergepipe/io/staging.hpp"
+#include "mergepipe/io/tokenizer_files.hpp"
 #include "mergepipe/manifest.hpp"
 #include "mergepipe/model_card.hpp"
 #include "mergepipe/mpi/cpu_placement.hpp"
@@ -72,11 +73,30 @@ void write_folder_metadata(const MergeTask& task, const std::string& dir,
       text = io::rewrite_config_dtype(text, torch_dtype_name(*task.spec.out_dtype));
     io::write_text_file(dir + "/config.json", text);
   }
+  // The base's processor files, and the tokenizer of tokenizer_source (the base's by default).
+  const std::string tokenizer_dir = io::tokenizer_folder(task.spec);
   for (const auto& entry : fs::directory_iterator(task.base.dir)) {
     const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file() || !io::is_carried_file(name)) continue;
-    if (!folder.copy_tokenizer && io::is_tokenizer_file(name)) continue;
+    if (!entry.is_regular_file() || !io::is_carried_file(name) || io::is_tokenizer_file(name))
+      continue;
     io::copy_file(entry.path().string(), dir + "/" + name);
+  }
+  if (folder.copy_tokenizer) {
+    for (const auto& entry : fs::directory_iterator(tokenizer_dir)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_regular_file() && io::is_tokenizer_file(name))
+        io::copy_file(entry.path().string(), dir + "/" + name);
+    }
+    const std::string chat_template = io::resolve_chat_template(task.spec);
+    if (!chat_template.empty()) {
+      const std::string config = dir + "/tokenizer_config.json";
+      std::error_code exists_ec;
+      const std::string text = fs::exists(config, exists_ec) ? io::read_text_file(config) : "";
+      io::write_text_file(config, io::with_chat_template(text, chat_template, config));
+      // Newer tokenizers keep the template in a file of its own, which wins over the config's.
+      if (fs::exists(dir + "/chat_template.jinja", exists_ec))
+        io::write_text_file(dir + "/chat_template.jinja", chat_template);
+    }
   }
   if (!folder.config_text.empty())
     io::write_text_file(dir + "/mergekit_config.yml", folder.config_text);

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -12,7 +13,9 @@
 #include "mergepipe/budget.hpp"
 #include "mergepipe/error.hpp"
 #include "mergepipe/io/file.hpp"
+#include "mergepipe/io/model_reference.hpp"
 #include "mergepipe/merge_task.hpp"
+#include "mergepipe/number_text.hpp"
 
 namespace mergepipe::io {
 namespace {
@@ -103,10 +106,65 @@ class ConfigReader {
     return n;
   }
 
-  double density(const YAML::Node& v, const std::string& key) const {
-    const double d = number(v, key);
-    if (!(d > 0.0 && d <= 1.0)) fail(v, key, "density " + v.Scalar() + " is outside (0, 1]");
-    return d;
+  // mergekit's parameter setting: a number, a gradient (a list of numbers), one conditional
+  // {filter, value} or a list of them. A density's every value must lie in (0, 1].
+  ParameterSetting setting(const YAML::Node& v, const std::string& key) const {
+    const bool is_density = key.size() >= 7 && key.compare(key.size() - 7, 7, "density") == 0;
+    const auto numbers = [&](const YAML::Node& n, const std::string& k) {
+      std::vector<double> out;
+      if (n.IsScalar()) {
+        out.push_back(number(n, k));
+      } else if (n.IsSequence() && n.size() > 0) {
+        for (const YAML::Node& x : n) {
+          if (!x.IsScalar())
+            fail(x, k, "a gradient is a list of numbers (or use a list of {filter, value})");
+          out.push_back(number(x, k));
+        }
+      } else {
+        fail(n, k,
+             "expected a number, a list of numbers (a gradient) or a list of {filter, value}");
+      }
+      if (is_density)
+        for (double d : out)
+          if (!(d > 0.0 && d <= 1.0))
+            fail(n, k, "density " + number_text(d) + " is outside (0, 1]");
+      return out;
+    };
+    ParameterSetting s;
+    const auto conditional = [&](const YAML::Node& c, const std::string& k) {
+      ParameterSetting::Rule rule;
+      bool have_value = false;
+      for (const auto& [ckey, cvalue] : entries(c, k, {"filter", "value"})) {
+        if (ckey == "filter") {
+          if (!cvalue.IsNull()) rule.filter = string(cvalue, k + ".filter");
+        } else {
+          rule.values = numbers(cvalue, k + ".value");
+          have_value = true;
+        }
+      }
+      if (!have_value) fail(c, k + ".value", "missing");
+      s.rules.push_back(std::move(rule));
+    };
+    if (v.IsMap()) {
+      s.conditional = true;
+      conditional(v, key);
+    } else if (v.IsSequence() && v.size() > 0 && v[0].IsMap()) {
+      s.conditional = true;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (!v[i].IsMap()) fail(v[i], key, "mixes conditionals {filter, value} with plain values");
+        conditional(v[i], key + "[" + std::to_string(i) + "]");
+      }
+    } else {
+      s.rules.push_back({std::nullopt, numbers(v, key)});
+    }
+    return s;
+  }
+
+  // A true/false parameter: mergekit evaluates no gradient or filter of one here.
+  bool flag(const YAML::Node& v, const std::string& key) const {
+    if (!v.IsScalar())
+      fail(v, key, "takes true or false; a gradient or per-tensor filter of it is not supported");
+    return boolean(v, key);
   }
 
   const std::string& source() const { return source_; }
@@ -115,20 +173,49 @@ class ConfigReader {
   std::string source_;
 };
 
-std::string resolve_path(const std::string& path, const fs::path& folder) {
-  fs::path p(path);
-  if (p.is_relative()) p = folder / p;
-  std::error_code ec;
-  fs::path abs = fs::absolute(p, ec);
-  std::string s = (ec ? p : abs).lexically_normal().string();
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  return s;
+// The number a table gives `name` when that setting is a plain number.
+std::optional<double> constant_of(const ParameterTable& table, const std::string& name) {
+  const auto it = table.find(name);
+  if (it == table.end()) return std::nullopt;
+  return it->second.rules[0].values[0];
 }
 
-struct Defaults {
-  double weight = 1.0;
-  double density = 1.0;
-};
+// Settings are parsed into the spec's varying tables (the top level, the base's, each model's).
+// A parameter whose every setting there is one number is folded into the scalars (the model's own
+// value, else the top level's, else the default) and leaves the tables: only what really varies
+// by tensor stays (MergeSpec::varying).
+void fold_constant_settings(MergeSpec& spec) {
+  const auto constant = [&](const std::string& name) {
+    const auto ok = [&](const ParameterTable& t) {
+      const auto it = t.find(name);
+      return it == t.end() || it->second.is_constant();
+    };
+    bool all = ok(spec.varying) && ok(spec.base_varying);
+    for (const ExpertSpec& e : spec.experts) all = all && ok(e.varying);
+    return all;
+  };
+  for (const std::string name : {"weight", "density"}) {
+    if (!constant(name)) continue;
+    const std::optional<double> top = constant_of(spec.varying, name);
+    for (ExpertSpec& e : spec.experts) {
+      double& field = name == "weight" ? e.weight : e.density;
+      field = constant_of(e.varying, name).value_or(top.value_or(field));
+      e.varying.erase(name);
+    }
+    if (name == "weight" && spec.base_weight)
+      spec.base_weight = constant_of(spec.base_varying, name).value_or(top.value_or(1.0));
+    spec.base_varying.erase(name);
+    spec.varying.erase(name);
+  }
+  if (constant("lambda")) {
+    spec.lambda = constant_of(spec.varying, "lambda").value_or(spec.lambda);
+    spec.varying.erase("lambda");
+  }
+  if (constant("t")) {
+    if (auto t = constant_of(spec.varying, "t")) spec.t = t;
+    spec.varying.erase("t");
+  }
+}
 
 }  // namespace
 
@@ -148,15 +235,34 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
   const fs::path folder = fs::path(source_name).parent_path();
 
   MergeSpec spec;
-  Defaults defaults;
+  // A model reference as mergekit resolves it (model_reference.hpp); errors name the key.
+  const auto model_path = [&](const YAML::Node& node, const std::string& key) -> std::string {
+    const std::string reference = r.string(node, key);
+    try {
+      ResolvedModel m = resolve_model_reference(reference, folder.string());
+      if (m.warning) {
+        const std::string line = source_name + ": " + *m.warning;
+        if (std::find(spec.config_warnings.begin(), spec.config_warnings.end(), line) ==
+            spec.config_warnings.end())
+          spec.config_warnings.push_back(line);
+      }
+      spec.model_names[m.path] = reference;
+      return m.path;
+    } catch (const UsageError& e) {
+      r.fail(node, key, e.what());
+    }
+  };
   // Parameters given explicitly (a key that changes nothing for the method is reported).
   bool gave_lambda = false, gave_normalize = false, gave_density = false, gave_weight = false,
        gave_rescale = false, gave_int8_mask = false;
   bool have_method = false, have_base = false, have_models = false;
+  std::optional<DType> compute_dtype, written_dtype;
+  std::optional<YAML::Node> tokenizer_source;
   YAML::Node models;
   for (const auto& [key, value] : r.entries(
            root, "",
-           {"merge_method", "base_model", "models", "parameters", "dtype", "budget", "seed"})) {
+           {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "budget",
+            "seed", "slices", "modules", "tokenizer_source", "tokenizer", "chat_template"})) {
     if (key == "merge_method") {
       const std::string name = r.string(value, key);
       const auto method = parse_merge_method(name);
@@ -167,7 +273,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
       spec.method = *method;
       have_method = true;
     } else if (key == "base_model") {
-      spec.base_model = resolve_path(r.string(value, key), folder);
+      spec.base_model = model_path(value, key);
       have_base = true;
     } else if (key == "models") {
       models = value;
@@ -184,22 +290,53 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
         gave_weight |= pkey == "weight";
         gave_rescale |= pkey == "rescale";
         gave_int8_mask |= pkey == "int8_mask";
-        if (pkey == "normalize") spec.normalize = r.boolean(pvalue, full);
-        if (pkey == "rescale") spec.rescale = r.boolean(pvalue, full);
-        if (pkey == "t") spec.t = r.number(pvalue, full);
+        if (pkey == "normalize") spec.normalize = r.flag(pvalue, full);
+        if (pkey == "rescale") spec.rescale = r.flag(pvalue, full);
         // mergekit's int8_mask stores its sign masks as int8 to save memory; the merge is the
         // same, and masks here are never materialised: accepted, it changes nothing.
-        if (pkey == "int8_mask") (void)r.boolean(pvalue, full);
-        if (pkey == "lambda") spec.lambda = r.number(pvalue, full);
-        if (pkey == "weight") defaults.weight = r.number(pvalue, full);
-        if (pkey == "density") defaults.density = r.density(pvalue, full);
+        if (pkey == "int8_mask") (void)r.flag(pvalue, full);
+        if (pkey == "t" || pkey == "lambda" || pkey == "weight" || pkey == "density")
+          spec.varying[pkey] = r.setting(pvalue, full);
       }
-    } else if (key == "dtype") {
+    } else if (key == "dtype" || key == "out_dtype") {
       const std::string name = r.string(value, key);
+      DType dtype{};
       try {
-        spec.out_dtype = parse_output_dtype(name);
+        dtype = parse_output_dtype(name);
       } catch (const UsageError&) {
-        r.fail(value, key, "unsupported dtype '" + name + "' (use bfloat16, float16 or float32)");
+        r.fail(value, key,
+               "unsupported " + key + " '" + name + "' (use bfloat16, float16 or float32)");
+      }
+      // mergekit computes in `dtype` and writes `out_dtype` (else `dtype`); the arithmetic here
+      // is float32 whatever `dtype` says, so only the written dtype follows the config.
+      (key == "dtype" ? compute_dtype : written_dtype) = dtype;
+    } else if (key == "slices" || key == "modules") {
+      r.fail(value, key,
+             "slices of layer ranges (frankenmerges, per-slice merges) are not supported yet; "
+             "list whole models under 'models'");
+    } else if (key == "tokenizer_source") {
+      tokenizer_source = value;
+    } else if (key == "tokenizer") {
+      for (const auto& [tkey, tvalue] :
+           r.entries(value, key, {"source", "tokens", "pad_to_multiple_of"})) {
+        if (tkey == "source") {
+          tokenizer_source = tvalue;
+        } else if (!tvalue.IsNull()) {
+          r.fail(tvalue, key + "." + tkey,
+                 tkey == "tokens" ? "adding or editing tokens (and their embedding rows) is not "
+                                    "supported yet"
+                                  : "padding the vocabulary (and its embedding rows) is not "
+                                    "supported yet");
+        }
+      }
+    } else if (key == "chat_template") {
+      spec.chat_template = r.string(value, key);
+      const std::string& t = *spec.chat_template;
+      if (t != "auto" && t != "chatml" && t.find("{{") == std::string::npos &&
+          t.find("{%") == std::string::npos) {
+        r.fail(value, key,
+               "unknown chat template '" + t +
+                   "' (give auto, chatml, or the template itself in Jinja syntax)");
       }
     } else if (key == "budget") {
       const std::string text = r.string(value, key);
@@ -228,15 +365,13 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
     const YAML::Node entry = models[i];
     const std::string path = "models[" + std::to_string(i) + "]";
     ExpertSpec e;
-    e.weight = defaults.weight;
-    e.density = defaults.density;
     if (entry.IsScalar()) {
-      e.path = resolve_path(r.string(entry, path), folder);
+      e.path = model_path(entry, path);
     } else {
       bool have_model = false;
       for (const auto& [key, value] : r.entries(entry, path, {"model", "parameters"})) {
         if (key == "model") {
-          e.path = resolve_path(r.string(value, path + ".model"), folder);
+          e.path = model_path(value, path + ".model");
           have_model = true;
         } else if (!value.IsNull()) {
           for (const auto& [pkey, pvalue] :
@@ -244,8 +379,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
             const std::string full = path + ".parameters." + pkey;
             gave_weight |= pkey == "weight";
             gave_density |= pkey == "density";
-            if (pkey == "weight") e.weight = r.number(pvalue, full);
-            if (pkey == "density") e.density = r.density(pvalue, full);
+            e.varying[pkey] = r.setting(pvalue, full);
           }
         }
       }
@@ -255,7 +389,9 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
   }
   if (!have_base && !spec.experts.empty()) {
     spec.base_model = spec.experts.front().path;
-    spec.base_weight = spec.experts.front().weight;
+    spec.base_weight = 1.0;  // its weight is folded in below
+    spec.base_varying = std::move(spec.experts.front().varying);
+    spec.base_varying.erase("density");
     spec.base_is_reference = true;
     spec.experts.erase(spec.experts.begin());
   } else {
@@ -263,16 +399,36 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
     // weight; the task-vector methods take nothing from it (its delta is zero), as mergekit.
     for (auto it = spec.experts.begin(); it != spec.experts.end(); ++it) {
       if (it->path != spec.base_model) continue;
-      if (spec.method == MergeMethod::kLinear) spec.base_weight = it->weight;
+      if (spec.method == MergeMethod::kLinear) {
+        spec.base_weight = 1.0;
+        spec.base_varying = std::move(it->varying);
+        spec.base_varying.erase("density");
+      }
       spec.experts.erase(it);
       break;
+    }
+  }
+  fold_constant_settings(spec);
+  spec.out_dtype = written_dtype ? written_dtype : compute_dtype;
+  if (written_dtype && compute_dtype && *compute_dtype != DType::kF32) {
+    spec.config_warnings.push_back(
+        source_name + ": 'dtype' (" + torch_dtype_name(*compute_dtype) +
+        ") changes nothing: mergekit computes in it, mergepipe computes in float32 always and "
+        "writes out_dtype");
+  }
+  if (tokenizer_source) {
+    const std::string source = r.string(*tokenizer_source, "tokenizer_source");
+    if (source == "base" || source == "union") {
+      spec.tokenizer_source = source;
+    } else {
+      spec.tokenizer_source = model_path(*tokenizer_source, "tokenizer_source");
     }
   }
   const std::string method(merge_method_name(spec.method));
   const auto ignored = [&](bool given, const char* key, const std::string& why) {
     if (given)
-      spec.ignored_keys.push_back(source_name + ": '" + key + "' changes nothing for " + method +
-                                  " (" + why + ")");
+      spec.config_warnings.push_back(source_name + ": '" + key + "' changes nothing for " + method +
+                                     " (" + why + ")");
   };
   const bool nearswap = spec.method == MergeMethod::kNearswap;
   ignored(gave_lambda && (spec.method == MergeMethod::kLinear || nearswap), "lambda",

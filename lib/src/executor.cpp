@@ -177,7 +177,8 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
         convert_delta_to_f32(in_type, expert_bytes, s.base.data(), d, n);
         s.pointers[k] = d;
       }
-      merge_block(job.op, tctx, elem_begin + first, n, s.base.data(), s.pointers, s.out.data());
+      merge_block(job.op_for(blk.tensor), tctx, elem_begin + first, n, s.base.data(), s.pointers,
+                  s.out.data());
       s.nonfinite += count_nonfinite(std::span<const float>(s.out.data(), n));
       convert_from_f32(out_type, s.out.data(), out + first * out_size, n);
     });

@@ -57,6 +57,14 @@ ojson make_manifest(const ManifestRecord& r) {
   if (spec.t) parameters["t"] = *spec.t;
   if (spec.base_weight) parameters["base_weight"] = *spec.base_weight;
   if (spec.base_is_reference) parameters["base_is_reference"] = true;
+  if (spec.tokenizer_source) parameters["tokenizer_source"] = *spec.tokenizer_source;
+  if (spec.chat_template) parameters["chat_template"] = *spec.chat_template;
+  if (!spec.model_names.empty()) {
+    ojson names = ojson::object();
+    for (const auto& [path, name] : spec.model_names) names[path] = name;
+    parameters["model_names"] = names;
+  }
+  if (spec.varies_by_tensor()) parameters["varying"] = ojson::parse(spec.varying_json().dump());
 
   ojson tensors = ojson::array();
   ojson tensor_hashes = ojson::object();
@@ -130,11 +138,24 @@ ManifestReplayInfo parse_manifest(const std::string& text, const std::string& so
     if (p.contains("t")) info.spec.t = p.at("t").get<double>();
     if (p.contains("base_weight")) info.spec.base_weight = p.at("base_weight").get<double>();
     info.spec.base_is_reference = p.value("base_is_reference", false);
+    if (p.contains("tokenizer_source"))
+      info.spec.tokenizer_source = p.at("tokenizer_source").get<std::string>();
+    if (p.contains("chat_template"))
+      info.spec.chat_template = p.at("chat_template").get<std::string>();
+    if (p.contains("model_names"))
+      info.spec.model_names = p.at("model_names").get<std::map<std::string, std::string>>();
     if (p.contains("dtype"))
       info.spec.out_dtype = parse_output_dtype(p.at("dtype").get<std::string>());
     for (const auto& e : p.at("models"))
       info.spec.experts.push_back({e.at("model").get<std::string>(), e.at("weight").get<double>(),
                                    e.at("density").get<double>()});
+    if (p.contains("varying")) {
+      try {
+        info.spec.set_varying(p.at("varying"));
+      } catch (const std::invalid_argument& e) {
+        throw InputError(source + ": parameters.varying: " + e.what());
+      }
+    }
     info.spec.seed = m.at("seed").get<std::uint64_t>();
     info.spec.budget = m.at("budget").get<std::string>();
     info.plan_json = m.at("plan");

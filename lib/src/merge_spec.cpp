@@ -78,6 +78,89 @@ double MergeSpec::weight_scale() const {
   return std::ldexp(1.0, -std::ilogb(largest));
 }
 
+bool MergeSpec::varies_by_tensor() const {
+  if (!varying.empty() || !base_varying.empty()) return true;
+  return std::any_of(experts.begin(), experts.end(),
+                     [](const ExpertSpec& e) { return !e.varying.empty(); });
+}
+
+namespace {
+
+// mergekit's lookup: the model's own setting, then the top level; nullopt falls back to the
+// scalar default.
+std::optional<double> look_up(const ParameterTable* model, const ParameterTable& top,
+                              const std::string& name, std::string_view tensor, double t) {
+  if (model) {
+    if (auto it = model->find(name); it != model->end())
+      if (auto v = it->second.evaluate(tensor, t)) return v;
+  }
+  if (auto it = top.find(name); it != top.end())
+    if (auto v = it->second.evaluate(tensor, t)) return v;
+  return std::nullopt;
+}
+
+}  // namespace
+
+MergeSpec MergeSpec::for_tensor(std::string_view tensor_name, double t_pos) const {
+  MergeSpec out = *this;
+  if (!varies_by_tensor()) return out;
+  out.varying.clear();
+  out.base_varying.clear();
+  for (ExpertSpec& e : out.experts) {
+    e.weight = look_up(&e.varying, varying, "weight", tensor_name, t_pos).value_or(e.weight);
+    e.density = look_up(&e.varying, varying, "density", tensor_name, t_pos).value_or(e.density);
+    e.varying.clear();
+  }
+  if (out.base_weight)
+    out.base_weight =
+        look_up(&base_varying, varying, "weight", tensor_name, t_pos).value_or(*base_weight);
+  out.lambda = look_up(nullptr, varying, "lambda", tensor_name, t_pos).value_or(lambda);
+  if (auto v = look_up(nullptr, varying, "t", tensor_name, t_pos)) out.t = v;
+  return out;
+}
+
+nlohmann::json MergeSpec::varying_json() const {
+  if (!varies_by_tensor()) return nullptr;
+  nlohmann::json models = nlohmann::json::array();
+  for (const ExpertSpec& e : experts) models.push_back(table_to_json(e.varying));
+  return {{"global", table_to_json(varying)},
+          {"base", table_to_json(base_varying)},
+          {"models", models}};
+}
+
+void MergeSpec::set_varying(const nlohmann::json& json) {
+  varying.clear();
+  base_varying.clear();
+  for (ExpertSpec& e : experts) e.varying.clear();
+  if (json.is_null()) return;
+  if (!json.is_object() || !json.contains("models") || !json["models"].is_array() ||
+      json["models"].size() != experts.size())
+    throw std::invalid_argument(
+        "varying parameters: expected global, base and one table per model");
+  varying = table_from_json(json.value("global", nlohmann::json::object()));
+  base_varying = table_from_json(json.value("base", nlohmann::json::object()));
+  for (std::size_t k = 0; k < experts.size(); ++k)
+    experts[k].varying = table_from_json(json["models"][k]);
+}
+
+std::vector<MergeSpec> specs_by_tensor(const MergeSpec& spec,
+                                       const std::vector<std::string>& tensor_names) {
+  const std::vector<double> positions = gradient_positions(tensor_names);
+  std::vector<MergeSpec> out;
+  out.reserve(tensor_names.size());
+  const bool varies = spec.varies_by_tensor();
+  for (std::size_t i = 0; i < tensor_names.size(); ++i) {
+    out.push_back(spec.for_tensor(tensor_names[i], positions[i]));
+    if (!varies) continue;
+    try {
+      out.back().validate();
+    } catch (const UsageError& e) {
+      throw UsageError(std::string(e.what()) + " (tensor '" + tensor_names[i] + "')");
+    }
+  }
+  return out;
+}
+
 void MergeSpec::validate() const {
   if (experts.empty() && base_is_reference) {
     throw UsageError(
@@ -94,6 +177,21 @@ void MergeSpec::validate() const {
     }
   }
   if (!std::isfinite(lambda)) throw UsageError("config: parameter 'lambda' is not finite");
+  // Varying settings: every listed value in range (interpolation stays between them).
+  const auto check_table = [&](const ParameterTable& table, const std::string& owner) {
+    for (const auto& [name, setting] : table) {
+      for (double v : setting.listed_values()) {
+        if (!std::isfinite(v))
+          throw UsageError("config: " + owner + "parameter '" + name +
+                           "' has a value that is not finite");
+        if (name == "density" && !(v > 0.0 && v <= 1.0))
+          throw UsageError("config: " + owner + "density " + number_text(v) + " is outside (0, 1]");
+      }
+    }
+  };
+  check_table(varying, "");
+  check_table(base_varying, "the base model's ");
+  for (const auto& e : experts) check_table(e.varying, "model '" + e.path + "': ");
   if (base_weight && !std::isfinite(*base_weight))
     throw UsageError("config: the base model's weight is not finite");
   if (base_weight && method != MergeMethod::kLinear)
@@ -104,10 +202,11 @@ void MergeSpec::validate() const {
       throw UsageError("config: nearswap merges one model into the base, but 'models' lists " +
                        std::to_string(experts.size()));
     }
-    if (!t) throw UsageError("config: nearswap needs parameter 't' (the similarity threshold)");
-    if (!std::isfinite(*t) || *t < 0)
+    if (!t && !varying.count("t"))
+      throw UsageError("config: nearswap needs parameter 't' (the similarity threshold)");
+    if (t && (!std::isfinite(*t) || *t < 0))
       throw UsageError("config: parameter 't' must be a finite number >= 0");
-  } else if (t) {
+  } else if (t || varying.count("t")) {
     throw UsageError("config: parameter 't' belongs to nearswap; " + name + " does not take it");
   }
   if (rescale && !uses_dare(method) && method != MergeMethod::kTaskArithmetic) {

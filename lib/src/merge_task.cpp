@@ -1,6 +1,7 @@
 #include "mergepipe/merge_task.hpp"
 
 #include <cereal/archives/portable_binary.hpp>
+#include <cereal/types/map.hpp>
 #include <cereal/types/optional.hpp>
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
@@ -24,13 +25,22 @@ void serialize(Archive& ar, CheckpointLocation& c) {
   ar(c.dir, c.shard_names, c.files, c.tensor_file, c.tensor_offset);
 }
 template <class Archive>
+void serialize(Archive& ar, ParameterSetting::Rule& r) {
+  ar(r.filter, r.values);
+}
+template <class Archive>
+void serialize(Archive& ar, ParameterSetting& s) {
+  ar(s.rules, s.conditional);
+}
+template <class Archive>
 void serialize(Archive& ar, ExpertSpec& e) {
-  ar(e.path, e.weight, e.density);
+  ar(e.path, e.weight, e.density, e.varying);
 }
 template <class Archive>
 void serialize(Archive& ar, MergeSpec& s) {
   ar(s.method, s.base_model, s.experts, s.normalize, s.lambda, s.out_dtype, s.seed, s.budget,
-     s.rescale, s.t, s.base_weight, s.base_is_reference);
+     s.rescale, s.t, s.base_weight, s.base_is_reference, s.varying, s.base_varying,
+     s.tokenizer_source, s.chat_template, s.model_names);
 }
 
 std::vector<TensorInfo> MergeTask::output_tensors() const {
@@ -45,6 +55,12 @@ ExecutionJob make_execution_job(const MergeTask& task, const Blocking& blocking)
   job.tensors = &task.tensors;
   job.out_dtypes = task.out_dtypes;
   job.op = OperatorConfig::from_spec(task.spec);
+  if (task.spec.varies_by_tensor()) {
+    std::vector<std::string> names;
+    for (const auto& t : task.tensors) names.push_back(t.name);
+    for (const MergeSpec& s : specs_by_tensor(task.spec, names))
+      job.tensor_ops.push_back(OperatorConfig::from_spec(s));
+  }
   for (const auto& t : task.tensors) job.name_keys.push_back(tensor_name_key(t.name));
   if (uses_magnitude_trim(task.spec.method)) job.thresholds = task.plan.thresholds;
   job.experts = task.experts.size();

@@ -36,9 +36,18 @@ std::string make_model_card(const MergeTask& task, const std::string& title,
                             const std::string& config_text) {
   const MergeSpec& spec = task.spec;
   const Plan& plan = task.plan;
+  // Models as the config named them (hub ids stay hub ids), else their folders.
+  const auto name = [&](const std::string& path) {
+    const auto it = spec.model_names.find(path);
+    return it == spec.model_names.end() ? path : it->second;
+  };
+  const auto param = [&](const ParameterTable& own, const char* key, double value) {
+    return own.count(key) || spec.varying.count(key) ? std::string("varies by tensor")
+                                                     : number_text(value);
+  };
   std::ostringstream card;
-  card << "---\nbase_model:\n- " << quoted(spec.base_model) << "\n";
-  for (const ExpertSpec& e : spec.experts) card << "- " << quoted(e.path) << "\n";
+  card << "---\nbase_model:\n- " << quoted(name(spec.base_model)) << "\n";
+  for (const ExpertSpec& e : spec.experts) card << "- " << quoted(name(e.path)) << "\n";
   card << "library_name: transformers\ntags:\n- mergekit\n- merge\n- mergepipe\n---\n";
   card << "# " << title << "\n\n";
   card << "This is a merge of pre-trained language models made with MergePipe, which runs "
@@ -47,19 +56,20 @@ std::string make_model_card(const MergeTask& task, const std::string& title,
   card << "## Merge Details\n\n### Merge Method\n\n";
   card << "This model was merged using the " << merge_method_name(spec.method) << " merge method";
   if (spec.base_is_reference) {
-    card << ", with " << spec.base_model
+    card << ", with " << name(spec.base_model)
          << " as the reference model (the configuration names no base model: its first model "
             "is the one the others' differences are taken against)";
   } else {
-    card << " using " << spec.base_model << " as a base";
+    card << " using " << name(spec.base_model) << " as a base";
   }
   card << ".\n\n### Models Merged\n\nThe following models were included in the merge:\n";
   if (spec.base_is_reference || spec.base_weight)
-    card << "* " << spec.base_model << " (weight " << number_text(spec.base_weight.value_or(1.0))
-         << ")\n";
+    card << "* " << name(spec.base_model) << " (weight "
+         << param(spec.base_varying, "weight", spec.base_weight.value_or(1.0)) << ")\n";
   for (const ExpertSpec& e : spec.experts) {
-    card << "* " << e.path << " (weight " << number_text(e.weight);
-    if (e.density != 1.0) card << ", density " << number_text(e.density);
+    card << "* " << name(e.path) << " (weight " << param(e.varying, "weight", e.weight);
+    if (e.density != 1.0 || e.varying.count("density") || spec.varying.count("density"))
+      card << ", density " << param(e.varying, "density", e.density);
     card << ")\n";
   }
   card << "\n### Reads\n\n";

@@ -81,11 +81,14 @@ std::string write_binary(const Plan& plan, bool with_hash_and_timing) {
     const auto later_fields = [&] {
       ar(p.rescale, has_t, t, has_base_weight, base_weight, p.base_is_reference);
     };
+    const bool varies = !p.varying_parameters.empty();
     if (with_hash_and_timing) {
       ar(p.hash, p.planning_seconds);
       later_fields();
-    } else if (!p.rescale || has_t || has_base_weight || p.base_is_reference) {
+      ar(p.varying_parameters);
+    } else if (!p.rescale || has_t || has_base_weight || p.base_is_reference || varies) {
       later_fields();
+      if (varies) ar(p.varying_parameters);
     }
   }
   return std::move(os).str();
@@ -143,6 +146,7 @@ Plan deserialize_plan(const std::string& bytes) {
     double t = 0, base_weight = 0;
     ar(p.hash, p.planning_seconds);
     ar(p.rescale, has_t, t, has_base_weight, base_weight, p.base_is_reference);
+    ar(p.varying_parameters);
     if (has_t) p.t = t;
     if (has_base_weight) p.base_weight = base_weight;
     if (is.tellg() != static_cast<std::streamoff>(bytes.size())) {
@@ -313,6 +317,7 @@ json plan_to_json(const Plan& p) {
   if (p.t) j["parameters"]["t"] = *p.t;
   if (p.base_weight) j["parameters"]["base_weight"] = *p.base_weight;
   if (p.base_is_reference) j["base_is_reference"] = true;
+  if (!p.varying_parameters.empty()) j["parameters"]["varying"] = json::parse(p.varying_parameters);
   j["budget_bytes"] = p.budget_bytes;
   j["max_error"] = p.max_error ? json(*p.max_error) : json(nullptr);
   j["planned_expert_bytes"] = p.planned_expert_bytes;
@@ -392,6 +397,10 @@ Plan plan_from_json(const json& j, const std::string& source) {
   if (params.contains("t")) p.t = r.real(params, "t", "parameters.");
   if (params.contains("base_weight")) p.base_weight = r.real(params, "base_weight", "parameters.");
   if (j.contains("base_is_reference")) p.base_is_reference = r.boolean(j, "base_is_reference");
+  if (params.contains("varying")) {
+    if (!params["varying"].is_object()) r.fail("parameters.varying", "expected an object");
+    p.varying_parameters = params["varying"].dump();
+  }
   p.budget_bytes = r.u64(j, "budget_bytes");
   const json& max_error = r.at(j, "max_error", "");
   if (!max_error.is_null()) p.max_error = r.real(j, "max_error");

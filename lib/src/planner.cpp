@@ -15,9 +15,9 @@ std::string num(double v) {
 }
 
 // Every shape the planner indexes must agree, or the catalog is corrupt.
-// `densities`: each spec expert's density when the plan trims by magnitude, else empty.
+// `densities`: [expert][tensor] density when the plan trims by magnitude, else empty.
 void check_catalog_shape(const Catalog& catalog, const std::vector<std::uint32_t>& catalog_expert,
-                         const std::vector<double>& densities) {
+                         const std::vector<std::vector<double>>& densities) {
   const std::size_t blocks = catalog.block_count();
   for (const Block& blk : catalog.blocking.blocks) {
     if (blk.tensor >= catalog.tensors.size()) {
@@ -32,7 +32,8 @@ void check_catalog_shape(const Catalog& catalog, const std::vector<std::uint32_t
                        std::to_string(e.blocks.size()) + " blocks, the blocking has " +
                        std::to_string(blocks));
     }
-    if (!densities.empty() && !e.has_trim_thresholds(densities[k], catalog.tensors.size())) {
+    const auto lacks = [&](double d) { return !e.has_trim_thresholds(d, catalog.tensors.size()); };
+    if (!densities.empty() && std::any_of(densities[k].begin(), densities[k].end(), lacks)) {
       throw InputError("catalog: expert '" + e.location.dir + "' has " +
                        std::to_string(e.sketches.size()) + " magnitude sketches for " +
                        std::to_string(catalog.tensors.size()) + " tensors");
@@ -73,43 +74,61 @@ double trimmed_norm_estimate(const BlockStats& stats, float threshold) {
   return std::min(std::sqrt(kept), stats.l2);
 }
 
+std::vector<MergeSpec> specs_by_catalog_tensor(const Catalog& catalog, const MergeSpec& spec) {
+  std::vector<std::string> names;
+  for (const TensorInfo& t : catalog.tensors) names.push_back(t.name);
+  return specs_by_tensor(spec, names);
+}
+
 PairGains compute_pair_gains(const Catalog& catalog, const MergeSpec& spec,
                              const std::vector<std::uint32_t>& catalog_expert) {
   const bool trims = uses_magnitude_trim(spec.method);
-  std::vector<double> densities;
-  if (trims)
-    for (const auto& x : spec.experts) densities.push_back(x.density);
+  const std::size_t tensors = catalog.tensors.size();
+  // Parameters per tensor: one resolution when nothing varies, else one per tensor.
+  const bool varies = spec.varies_by_tensor();
+  const std::vector<MergeSpec> tensor_specs =
+      varies ? specs_by_catalog_tensor(catalog, spec) : std::vector<MergeSpec>{spec};
+  const auto spec_of = [&](std::size_t t) -> const MergeSpec& {
+    return tensor_specs[varies ? t : 0];
+  };
+  std::vector<std::vector<double>> densities;
+  if (trims) {
+    densities.assign(spec.experts.size(), {});
+    for (std::size_t k = 0; k < spec.experts.size(); ++k)
+      for (std::size_t t = 0; t < (varies ? tensors : 1); ++t)
+        densities[k].push_back(spec_of(t).experts[k].density);
+  }
   check_catalog_shape(catalog, catalog_expert, densities);
-  const Coefficients coefficients = additive_coefficients(spec);
+  std::vector<Coefficients> coefficients;
+  for (const MergeSpec& s : tensor_specs) coefficients.push_back(additive_coefficients(s));
   PairGains g;
   g.experts = spec.experts.size();
   g.blocks = catalog.block_count();
-  const std::size_t tensors = catalog.tensors.size();
   g.gain.assign(g.experts * g.blocks, 0.0);
   g.thresholds.assign(g.experts * tensors, 0.0f);
   for (std::size_t k = 0; k < g.experts; ++k) {
     const ExpertCatalog& e = catalog.experts[catalog_expert[k]];
-    const double alpha = std::fabs(coefficients.alpha[k]);
-    const double density = spec.experts[k].density;
     if (trims) {
       for (std::size_t t = 0; t < tensors; ++t)
-        g.thresholds[k * tensors + t] = e.trim_threshold(t, density);
+        g.thresholds[k * tensors + t] = e.trim_threshold(t, spec_of(t).experts[k].density);
     }
-    // DARE keeps each entry with probability d and scales it by 1/d: E‖Δ'‖² = ‖Δ‖²/d.
-    // Without rescale the kept entries stay as they are: E‖Δ'‖² = d·‖Δ‖².
-    const double dare_scale = !uses_dare(spec.method)    ? 1.0
-                              : spec.effective_rescale() ? 1.0 / std::sqrt(density)
-                                                         : std::sqrt(density);
     for (std::size_t b = 0; b < g.blocks; ++b) {
       const BlockStats& s = e.blocks[b];
       if (s.nonzero == 0) continue;
+      const std::size_t tensor = catalog.blocking.blocks[b].tensor;
+      const MergeSpec& ts = spec_of(tensor);
+      const double alpha = std::fabs(coefficients[varies ? tensor : 0].alpha[k]);
+      const double density = ts.experts[k].density;
+      // DARE keeps each entry with probability d and scales it by 1/d: E‖Δ'‖² = ‖Δ‖²/d.
+      // Without rescale the kept entries stay as they are: E‖Δ'‖² = d·‖Δ‖².
+      const double dare_scale = !uses_dare(spec.method)  ? 1.0
+                                : ts.effective_rescale() ? 1.0 / std::sqrt(density)
+                                                         : std::sqrt(density);
       double norm = s.l2;
-      if (trims)
-        norm =
-            trimmed_norm_estimate(s, g.thresholds[k * tensors + catalog.blocking.blocks[b].tensor]);
+      if (trims) norm = trimmed_norm_estimate(s, g.thresholds[k * tensors + tensor]);
       // nearswap's term w·Δ has |w·Δ| <= min(|Δ|, t) per entry.
       if (spec.method == MergeMethod::kNearswap)
-        norm = std::min(norm, *spec.t * std::sqrt(static_cast<double>(s.nonzero)));
+        norm = std::min(norm, *ts.t * std::sqrt(static_cast<double>(s.nonzero)));
       const double gain = alpha * norm * dare_scale;
       if (!std::isfinite(gain) || gain < 0) {
         throw InputError("catalog: expert '" + e.location.dir + "' block " + std::to_string(b) +
@@ -204,6 +223,7 @@ Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest&
   plan.t = spec.t;
   plan.base_weight = spec.base_weight;
   plan.base_is_reference = spec.base_is_reference;
+  plan.varying_parameters = spec.varies_by_tensor() ? spec.varying_json().dump() : "";
 
   const PairGains gains = compute_pair_gains(catalog, spec, plan.catalog_expert);
   const std::size_t K = gains.experts, B = gains.blocks, T = catalog.tensors.size();
@@ -333,6 +353,12 @@ Plan make_full_read_plan(const MergeSpec& spec, const std::vector<TensorInfo>& t
   plan.t = spec.t;
   plan.base_weight = spec.base_weight;
   plan.base_is_reference = spec.base_is_reference;
+  plan.varying_parameters = spec.varies_by_tensor() ? spec.varying_json().dump() : "";
+  if (spec.varies_by_tensor()) {
+    std::vector<std::string> names;
+    for (const TensorInfo& t : tensors) names.push_back(t.name);
+    (void)specs_by_tensor(spec, names);  // every tensor's parameters valid, or a UsageError
+  }
   plan.tensor_count = T;
   plan.block_count = B;
   plan.pairs_total = plan.pairs_admitted = K * B;

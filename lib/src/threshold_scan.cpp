@@ -98,7 +98,7 @@ std::vector<std::vector<float>> scan_thresholds(const ThresholdScan& scan,
   for (std::uint32_t t : tensor_list) {
     std::vector<float> row;
     for (std::size_t k = 0; k < scan.densities.size(); ++k)
-      row.push_back(scanned.sketches[t][k].threshold(scan.densities[k]));
+      row.push_back(scanned.sketches[t][k].threshold(scan.density(t, k)));
     result.push_back(std::move(row));
   }
   return result;

@@ -560,6 +560,12 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     scan.blocking = &blocking;
     scan.tensors = &task.tensors;
     for (const ExpertSpec& e : task.spec.experts) scan.densities.push_back(e.density);
+    if (task.spec.varies_by_tensor()) {
+      std::vector<std::string> names;
+      for (const TensorInfo& t : task.tensors) names.push_back(t.name);
+      for (const MergeSpec& s : specs_by_tensor(task.spec, names))
+        for (const ExpertSpec& e : s.experts) scan.tensor_densities.push_back(e.density);
+    }
     scan.threads = options.threads;
     scan.io_threads = stream_io_threads;
     scan.prefetch_depth = options.prefetch_depth;
@@ -717,7 +723,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         if (thresholds.count(t)) continue;
         std::vector<float> values(experts);
         for (std::size_t k = 0; k < experts; ++k)
-          values[k] = whole[t][k].threshold(scan.densities[k]);
+          values[k] = whole[t][k].threshold(scan.density(t, k));
         if (comm.is_root()) journal.thresholds(t, values);
         for (std::size_t k = 0; k < experts; ++k) job.thresholds[k * tensor_count + t] = values[k];
         scanned[t] = std::move(values);
@@ -834,7 +840,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
           for (const auto& [t, own] : guess.own) {
             std::vector<float>& guessed = guess.guessed[t];
             for (std::size_t k = 0; k < experts; ++k) {
-              guessed.push_back(part.sketches[t][k].threshold(scan.densities[k]));
+              guessed.push_back(part.sketches[t][k].threshold(scan.density(t, k)));
               job.thresholds[k * tensor_count + t] = guessed[k];
             }
           }

@@ -66,4 +66,49 @@ cmp -s merged/model.safetensors bare/model.safetensors || fail "the folder optio
   fail "the replay of a bare output wrote: $(ls bare-again)"
 expect_exit 2 "merge: --copy-tokenizer and --no-copy-tokenizer contradict each other" \
   run_np 1 merge ties.yml x --catalog cat --copy-tokenizer --no-copy-tokenizer
+
+# tokenizer_source: a model's tokenizer instead of the base's; chat_template; out_dtype beside a
+# compute dtype (a warning: the arithmetic is float32 here).
+printf '{"tokenizer_class": "Expert01Tokenizer", "chat_template": "{{ expert01 }}"}\n' \
+  >fam/expert01/tokenizer_config.json
+printf 'EXPERT01 TOKENS\n' >fam/expert01/tokenizer.json
+{ sed '/^dtype/d' ties.yml; echo "tokenizer_source: fam/expert01"; echo "dtype: bfloat16"
+  echo "out_dtype: float32"; } >tok.yml
+run_np 2 merge tok.yml tok --catalog cat --budget 40% >tok.txt 2>&1
+grep -q "'dtype' (bfloat16) changes nothing" tok.txt || fail "no dtype warning: $(cat tok.txt)"
+cmp -s fam/expert01/tokenizer_config.json tok/tokenizer_config.json || fail "tokenizer_config.json not expert01's"
+cmp -s fam/expert01/tokenizer.json tok/tokenizer.json || fail "tokenizer.json not expert01's"
+grep -q '"torch_dtype": "float32"' tok/config.json || fail "out_dtype not written: $(cat tok/config.json)"
+"$PYTHON" - tok <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1] + "/model.safetensors", "rb").read()
+header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+dtypes = {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+assert dtypes == {"F32"}, dtypes
+PY
+"$MERGEPIPE" replay tok/mergepipe.manifest.json --out tok-again --quiet
+same_model_files tok tok-again
+# chat_template: auto takes the template most models carry (expert01's is the only one here), a
+# template string is written as given.
+{ cat ties.yml; echo "chat_template: auto"; } >auto.yml
+run_np 1 merge auto.yml auto --catalog cat --budget 40% --quiet
+[[ "$(json_get auto/tokenizer_config.json chat_template)" == "{{ expert01 }}" ]] ||
+  fail "chat_template auto: $(cat auto/tokenizer_config.json)"
+[[ "$(json_get auto/tokenizer_config.json tokenizer_class)" == Qwen2Tokenizer ]] ||
+  fail "chat_template auto replaced the base's tokenizer"
+{ cat ties.yml; echo "chat_template: \"{% for m in messages %}{{ m['content'] }}{% endfor %}\""; } >tmpl.yml
+run_np 1 merge tmpl.yml tmpl --catalog cat --budget 40% --quiet
+[[ "$(json_get tmpl/tokenizer_config.json chat_template)" == "{% for m in messages %}{{ m['content'] }}{% endfor %}" ]] ||
+  fail "chat_template string: $(cat tmpl/tokenizer_config.json)"
+# What cannot be honoured without resizing embeddings is refused before any merging.
+{ cat ties.yml; echo "tokenizer_source: union"; } >union.yml
+expect_exit 2 "tokenizer_source: union: the tokenizer of '.*fam/expert01' differs from the base's" \
+  "$MERGEPIPE" merge union.yml u --catalog cat
+expect_no_output u
+{ cat ties.yml; echo "chat_template: vicuna"; } >badtmpl.yml
+expect_exit 2 "badtmpl\.yml:[0-9]+: key 'chat_template': unknown chat template 'vicuna'" \
+  "$MERGEPIPE" merge badtmpl.yml u --catalog cat
+{ cat ties.yml; printf 'tokenizer:\n  source: base\n  tokens:\n    "<|new|>": {source: base}\n'; } >tokens.yml
+expect_exit 2 "key 'tokenizer.tokens': adding or editing tokens .* not supported yet" \
+  "$MERGEPIPE" merge tokens.yml u --catalog cat
 echo "output folder: ok"

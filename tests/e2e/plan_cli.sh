@@ -67,8 +67,13 @@ run_np 2 merge ta.yaml --catalog cat --budget 25% --out m25 --quiet
 # Errors: one line, the right exit code.
 expect_exit 2 "budget '12XB': unknown unit" "$MERGEPIPE" plan ta.yaml --catalog cat --budget 12XB
 expect_exit 2 "budget '-1GB'" "$MERGEPIPE" plan ta.yaml --catalog cat --budget -1GB
+# A model the catalog lacks, and one that is no folder at all (nor a hub id in the cache).
+cp -r fam/expert04 fam/expert09
 sed 's/expert04/expert09/' ta.yaml >missing.yaml
 expect_exit 2 "expert09' is not in the catalog" "$MERGEPIPE" plan missing.yaml --catalog cat
+sed 's/expert04/expert10/' ta.yaml >absent.yaml
+expect_exit 2 "absent\.yaml:[0-9]+: key 'models\[4\]\.model': model 'fam/expert10' is neither a folder of the current directory nor in the Hugging Face cache" \
+  "$MERGEPIPE" plan absent.yaml --catalog cat
 write_config ties.yaml ties fam 5
 expect_exit 2 "--max-error needs a method whose bound is a guarantee \(linear, task_arithmetic, nearswap\): for ties" "$MERGEPIPE" plan ties.yaml --catalog cat --max-error 1
 printf 'merge_method: ties\nbase_model: fam/base\nmodels: [fam/expert00]\nbogus: 1\n' >bogus.yaml

@@ -12,6 +12,7 @@ Exits non-zero with a message on any mismatch.
 import json
 import math
 import os
+import re
 import struct
 import sys
 
@@ -64,26 +65,80 @@ def sketch_threshold(delta, density):
     return np.array([np.uint32(kth) << np.uint32(15)], dtype=np.uint32).view(np.float32)[0]
 
 
+def evaluate(setting, name, t):
+    """mergekit's parameter lookup for one tensor at position t (None: no conditional matched)."""
+    if isinstance(setting, (bool, int, float)):
+        return float(setting)
+    if isinstance(setting, dict):
+        setting = [setting]
+    if all(isinstance(v, (int, float)) for v in setting):
+        x = t * (len(setting) - 1)
+        lo = int(x)
+        hi = min(len(setting) - 1, lo + 1)
+        return (1 - (x - lo)) * setting[lo] + (x - lo) * setting[hi]
+    for cond in setting:
+        f = cond.get("filter")
+        if f is None or f == "*" or f in name:
+            return evaluate(cond["value"], name, t)
+    return None
+
+
+def positions(names):
+    """t per tensor: layer i of n at i/(n-1) (1 if n == 1); embeddings at 0, other non-layer at 1."""
+    layer = {n: int(m.group(1)) for n in names if (m := re.search(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.", n))}
+    count = max(layer.values(), default=-1) + 1
+    out = {}
+    for n in names:
+        if n in layer:
+            out[n] = layer[n] / (count - 1) if count > 1 else 1.0
+        else:
+            out[n] = 0.0 if ("embed" in n or "wte" in n or "wpe" in n) else 1.0
+    return out
+
+
+def lookup(model_params, top, key, name, t, default):
+    for level in (model_params or {}, top):
+        if key in level:
+            v = evaluate(level[key], name, t)
+            if v is not None:
+                return v
+    return default
+
+
 def main():
     config_path, merged_dir = sys.argv[1], sys.argv[2]
     cfg = yaml.safe_load(open(config_path))
     here = os.path.dirname(os.path.abspath(config_path))
-    resolve = lambda p: p if os.path.isabs(p) else os.path.join(here, p)
+
+    def resolve(p):
+        """A folder (current directory first, as mergekit), else a hub id in the local HF cache."""
+        for candidate in (p, os.path.join(here, p)):
+            if os.path.isdir(candidate):
+                return os.path.abspath(candidate)
+        cache = os.environ.get("HF_HUB_CACHE") or os.path.join(
+            os.environ.get("HF_HOME", os.path.expanduser("~/.cache/huggingface")), "hub")
+        repo = os.path.join(cache, "models--" + p.replace("/", "--"))
+        commit = open(os.path.join(repo, "refs", "main")).read().strip()
+        return os.path.join(repo, "snapshots", commit)
     method = cfg["merge_method"]
     params = cfg.get("parameters", {}) or {}
-    lam = np.float32(params.get("lambda", 1.0))
     normalize = params.get("normalize", method in ("linear", "ties"))
     models = [m if isinstance(m, dict) else {"model": m} for m in cfg["models"]]
-    weights = [float((m.get("parameters") or {}).get("weight", params.get("weight", 1.0))) for m in models]
-    densities = [float((m.get("parameters") or {}).get("density", params.get("density", 1.0))) for m in models]
     # linear without base_model (mergekit allows it): the plain weighted average of the models.
     average_only = "base_model" not in cfg
     base = read_folder(resolve(cfg["base_model"] if not average_only else models[0]["model"]))
+    if not average_only and method != "linear":  # the base among the models: a zero delta
+        models = [m for m in models if resolve(m["model"]) != resolve(cfg["base_model"])]
     experts = [read_folder(resolve(m["model"])) for m in models]
     merged = read_folder(merged_dir)
-    wsum = sum(weights)
+    where = positions(list(base))
     worst = 0.0
     for name, (theta0, _) in base.items():
+        t_pos = where[name]
+        weights = [lookup(m.get("parameters"), params, "weight", name, t_pos, 1.0) for m in models]
+        densities = [lookup(m.get("parameters"), params, "density", name, t_pos, 1.0) for m in models]
+        lam = np.float32(lookup(None, params, "lambda", name, t_pos, 1.0))
+        wsum = sum(weights)
         got, out_dtype = merged[name]
         deltas = [e[name][0] - theta0 for e in experts]  # fp32 subtraction, as MergePipe
         if method == "linear" and average_only:
@@ -120,7 +175,7 @@ def main():
         elif method == "nearswap":
             # mergekit's form: w = clamp(t / max(|base - other|, 1e-6), 0, 1), w*other + (1-w)*base
             other = experts[0][name][0]
-            t = np.float32(params["t"])
+            t = np.float32(lookup(None, params, "t", name, t_pos, None))
             w = np.clip(t / np.maximum(np.abs(theta0 - other), np.float32(1e-6)), 0, 1).astype(np.float32)
             ref = w * other + (np.float32(1) - w) * theta0
         else:
@@ -130,6 +185,8 @@ def main():
         ref = ref.astype(np.float32)
         if out_dtype == "BF16":
             tol = np.abs(ref) * 2.0 ** -8 + 1e-30  # one bf16 rounding
+        elif out_dtype == "F16":
+            tol = np.abs(ref) * 2.0 ** -11 + 2.0 ** -25  # one fp16 rounding (subnormals too)
         else:
             tol = np.abs(ref) * 2e-6 + 1e-9 * max(1.0, float(np.abs(theta0).max(initial=0)))
         err = np.abs(got.astype(np.float32) - ref)

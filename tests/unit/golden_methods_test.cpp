@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mergepipe/operators.hpp"
+#include "mergepipe/parameter_setting.hpp"
 
 using namespace mergepipe;
 using nlohmann::json;
@@ -310,4 +311,53 @@ TEST(GoldenMergekit, DareL1RescaleTendsToOneOverDensity) {
     const double spread = std::sqrt((1 - density) / (density * static_cast<double>(n)));
     EXPECT_NEAR(all / kept * density, 1.0, 4 * spread) << density;
   }
+}
+
+// mergekit's evaluate_setting: scalars, gradients and conditional lists, each at the recorded t.
+TEST(GoldenMergekit, ParameterSettingsResolveAsMergekitResolvesThem) {
+  std::size_t checked = 0;
+  for (const json& c : golden().at("parameter_resolution")) {
+    const ParameterSetting setting = setting_from_json(c.at("setting"));
+    const std::string tensor = c.at("tensor_name").get<std::string>();
+    for (const json& v : c.at("values")) {
+      const double t = v.at("t").get<double>();
+      const std::optional<double> got = setting.evaluate(tensor, t);
+      SCOPED_TRACE(c.at("label").get<std::string>() + " " + tensor + " t=" + std::to_string(t));
+      if (v.at("value").is_null()) {
+        EXPECT_FALSE(got.has_value());
+      } else {
+        ASSERT_TRUE(got.has_value());
+        EXPECT_EQ(*got, v.at("value").get<double>());  // the same double arithmetic, exactly
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 40u);
+}
+
+// mergekit's t per layer of a slice: i / (n - 1), and 1 for a one-layer slice.
+TEST(GoldenMergekit, LayerPositionsFollowMergekitsRule) {
+  for (const json& c : golden().at("layer_t_rule")) {
+    const std::size_t n = c.at("num_layers_in_slice").get<std::size_t>();
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < n; ++i)
+      names.push_back("model.layers." + std::to_string(i) + ".mlp.up_proj.weight");
+    names.push_back("model.embed_tokens.weight");
+    names.push_back("model.norm.weight");
+    const std::vector<double> t = gradient_positions(names);
+    const auto expected = c.at("t_per_layer").get<std::vector<double>>();
+    ASSERT_EQ(expected.size(), n);
+    for (std::size_t i = 0; i < n; ++i)
+      EXPECT_EQ(t[i], expected[i]) << "layer " << i << " of " << n;
+    EXPECT_EQ(t[n], 0.0);      // embeddings: mergekit's pre-weights, at t = 0
+    EXPECT_EQ(t[n + 1], 1.0);  // final norm: a post-weight, at t = 1
+  }
+}
+
+TEST(ParameterSetting, LayerIndexIsAWholeNameComponent) {
+  EXPECT_EQ(tensor_layer("model.layers.12.mlp.up_proj.weight"), std::optional<std::size_t>(12));
+  EXPECT_EQ(tensor_layer("transformer.h.3.attn.c_attn.weight"), std::optional<std::size_t>(3));
+  EXPECT_EQ(tensor_layer("model.norm.weight"), std::nullopt);
+  EXPECT_EQ(tensor_layer("model.sublayers.2x.weight"), std::nullopt);
+  EXPECT_EQ(tensor_layer("model.layers.x.weight"), std::nullopt);
 }

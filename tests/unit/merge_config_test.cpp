@@ -147,19 +147,62 @@ dtype: float32
   EXPECT_EQ(t.out_dtype, DType::kF32);
 }
 
-TEST(MergeConfig, RelativePathsResolveAgainstTheConfigFolder) {
+// mergekit resolves model paths against the current directory; a folder found only beside the
+// config is used with a warning that says so; hub ids come from the local Hugging Face cache.
+TEST(MergeConfig, ModelReferencesResolveAsMergekitResolvesThem) {
   test::TempDir dir;
-  std::filesystem::create_directories(dir.path() + "/configs");
+  namespace fs = std::filesystem;
+  for (const char* d :
+       {"configs/e1", "configs/e2", "configs/sub", "models/base", "cwd/e1", "cwd/configs"})
+    fs::create_directories(dir.path() + "/" + d);
   const std::string path = dir.file("configs/merge.yaml");
   test::write_file(path,
                    "merge_method: dare_linear\nbase_model: ../models/base\nmodels:\n  - ./e1\n"
                    "  - model: sub/../e2\n    parameters: {density: 0.1}\n");
+  const fs::path previous = fs::current_path();
+  fs::current_path(dir.path() + "/cwd");
   const MergeSpec s = io::load_merge_config(path);
-  EXPECT_EQ(s.base_model, dir.path() + "/models/base");
-  EXPECT_EQ(s.experts[0].path, dir.path() + "/configs/e1");
-  EXPECT_EQ(s.experts[1].path, dir.path() + "/configs/e2");
+  fs::current_path(previous);
+  EXPECT_EQ(s.base_model, dir.path() + "/models/base");      // ../models/base from cwd/ is the same
+  EXPECT_EQ(s.experts[0].path, dir.path() + "/cwd/e1");      // the current directory first
+  EXPECT_EQ(s.experts[1].path, dir.path() + "/configs/e2");  // found beside the config only
   EXPECT_EQ(s.experts[1].density, 0.1);
+  ASSERT_EQ(s.config_warnings.size(), 1u);
+  EXPECT_NE(s.config_warnings[0].find("'sub/../e2' is not a folder of the current directory"),
+            std::string::npos)
+      << s.config_warnings[0];
   EXPECT_THROW(io::load_merge_config(dir.file("missing.yaml")), UsageError);
+
+  // A hub id from the cache: refs/main, a branch, a commit prefix; and a clear miss.
+  const std::string repo = dir.path() + "/hf/hub/models--org--tiny";
+  fs::create_directories(repo + "/snapshots/aaaaaaaa11111111");
+  fs::create_directories(repo + "/snapshots/bbbbbbbb22222222");
+  fs::create_directories(repo + "/refs");
+  test::write_file(repo + "/refs/main", "aaaaaaaa11111111\n");
+  test::write_file(repo + "/refs/v2", "bbbbbbbb22222222");
+  setenv("HF_HOME", (dir.path() + "/hf").c_str(), 1);
+  unsetenv("HF_HUB_CACHE");
+  const auto base_of = [&](const std::string& ref) {
+    return io::parse_merge_config(
+               "merge_method: task_arithmetic\nbase_model: " + ref + "\nmodels: [/m/a]\n",
+               "/cfg/m.yaml")
+        .base_model;
+  };
+  EXPECT_EQ(base_of("org/tiny"), repo + "/snapshots/aaaaaaaa11111111");
+  EXPECT_EQ(base_of("org/tiny@v2"), repo + "/snapshots/bbbbbbbb22222222");
+  EXPECT_EQ(base_of("org/tiny@bbbbbbbb2"), repo + "/snapshots/bbbbbbbb22222222");
+  const std::string miss =
+      usage_error("merge_method: task_arithmetic\nbase_model: org/absent@v1\nmodels: [/m/a]\n");
+  EXPECT_NE(miss.find("/cfg/merge.yaml:2: key 'base_model'"), std::string::npos) << miss;
+  EXPECT_NE(miss.find("nor in the Hugging Face cache (" + dir.path() + "/hf/hub)"),
+            std::string::npos)
+      << miss;
+  EXPECT_NE(miss.find("huggingface-cli download org/absent --revision v1"), std::string::npos)
+      << miss;
+  const std::string lora = usage_error(
+      "merge_method: task_arithmetic\nbase_model: /m/b\nmodels: [org/tiny+org/adapter]\n");
+  EXPECT_NE(lora.find("model+adapter) is not supported yet"), std::string::npos) << lora;
+  unsetenv("HF_HOME");
 }
 
 TEST(MergeConfig, ErrorsNameFileKeyAndLine) {
@@ -192,8 +235,23 @@ TEST(MergeConfig, ErrorsNameFileKeyAndLine) {
        "1.5}\n",
        {"density", "outside (0, 1]"}},
       {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {density: "
-       "[0.1, 0.5]}\n",
-       {"density", "expected a number"}},
+       "[0.1, 1.5]}\n",
+       {"models[0].parameters.density", "density 1.5 is outside (0, 1]"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {weight: "
+       "[{filter: mlp, value: 1}, 0.5]}\n",
+       {"models[0].parameters.weight", "mixes conditionals"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {weight: "
+       "[{filter: mlp}]}\n",
+       {"models[0].parameters.weight[0].value", "missing"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {weight: "
+       "[{filter: mlp, value: 1, when: 2}]}\n",
+       {"when", "unknown key"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {weight: "
+       "[[1, 2]]}\n",
+       {"models[0].parameters.weight", "a gradient is a list of numbers"}},
+      {"merge_method: ties\nbase_model: /b\nparameters: {normalize: [true, false]}\nmodels:\n"
+       "  - model: /a\n",
+       {"parameters.normalize", "takes true or false"}},
       {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {gamma: 1}\n",
        {"models[0].parameters.gamma", "unknown key"}},
       {"merge_method: ties\nbase_model: /b\nmodels:\n  - modle: /a\n",
@@ -242,5 +300,141 @@ TEST(MergeConfig, ErrorsNameFileKeyAndLine) {
           << "config:\n"
           << c.yaml << "message: " << msg << "\nmissing: " << part;
     }
+  }
+}
+
+// mergekit's gradients and filters: what varies by tensor stays a setting, the rest folds into
+// the scalars exactly as before.
+TEST(MergeConfig, GradientsAndFiltersVaryByTensor) {
+  const MergeSpec spec = io::parse_merge_config(R"(
+merge_method: ties
+base_model: /m/base
+parameters:
+  weight: 0.5
+  density: [0.2, 0.5, 0.8]
+  lambda: [{filter: mlp, value: 2}, {value: 1}]
+models:
+  - model: /m/a
+    parameters:
+      density: [{filter: self_attn, value: 0.9}]
+  - model: /m/b
+    parameters: {weight: [0, 1]}
+)",
+                                                "/cfg/m.yaml");
+  ASSERT_TRUE(spec.varies_by_tensor());
+  EXPECT_EQ(spec.varying.count("density"), 1u);
+  EXPECT_EQ(spec.varying.count("lambda"), 1u);
+  EXPECT_EQ(spec.varying.count("weight"), 1u);  // model b's gradient keeps the top level's 0.5
+  EXPECT_EQ(spec.experts[0].varying.count("density"), 1u);
+  EXPECT_EQ(spec.experts[0].varying.count("weight"), 0u);
+
+  // Layer 0 of 3 layers (t = 0), an attention tensor: a's own filter wins.
+  const std::vector<std::string> names = {
+      "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+      "model.layers.1.mlp.up_proj.weight", "model.layers.2.mlp.up_proj.weight", "lm_head.weight"};
+  const std::vector<MergeSpec> per = specs_by_tensor(spec, names);
+  ASSERT_EQ(per.size(), names.size());
+  EXPECT_DOUBLE_EQ(per[1].experts[0].density, 0.9);
+  EXPECT_DOUBLE_EQ(per[1].experts[1].density, 0.2);
+  // Layer 1 (t = 0.5): a's filter does not match an MLP tensor, so the top gradient gives 0.5.
+  EXPECT_DOUBLE_EQ(per[2].experts[0].density, 0.5);
+  EXPECT_DOUBLE_EQ(per[2].experts[0].weight, 0.5);
+  EXPECT_DOUBLE_EQ(per[2].experts[1].weight, 0.5);  // b's [0, 1] at t = 0.5
+  EXPECT_DOUBLE_EQ(per[2].lambda, 2.0);
+  EXPECT_DOUBLE_EQ(per[1].lambda, 1.0);
+  EXPECT_DOUBLE_EQ(per[3].experts[0].density, 0.8);
+  EXPECT_DOUBLE_EQ(per[3].experts[1].weight, 1.0);
+  // Embeddings sit at t = 0, the head at t = 1 (mergekit's pre- and post-weights).
+  EXPECT_DOUBLE_EQ(per[0].experts[1].weight, 0.0);
+  EXPECT_DOUBLE_EQ(per[4].experts[1].weight, 1.0);
+  EXPECT_DOUBLE_EQ(per[4].experts[0].density, 0.8);
+  for (const MergeSpec& s : per) EXPECT_FALSE(s.varies_by_tensor());
+
+  // The settings survive the JSON form that plans and manifests carry.
+  MergeSpec copy = spec;
+  copy.set_varying(nullptr);
+  EXPECT_FALSE(copy.varies_by_tensor());
+  copy.set_varying(spec.varying_json());
+  EXPECT_EQ(copy.varying_json(), spec.varying_json());
+  EXPECT_DOUBLE_EQ(specs_by_tensor(copy, names)[2].experts[0].density, 0.5);
+}
+
+TEST(MergeConfig, ConstantSettingsFoldIntoTheScalars) {
+  // A one-element gradient and a catch-all-only filter list are still one number.
+  const MergeSpec spec = io::parse_merge_config(R"(
+merge_method: ties
+base_model: /m/base
+parameters: {density: 0.3, weight: 2, lambda: 1.5}
+models:
+  - model: /m/a
+    parameters: {density: 0.6}
+  - model: /m/b
+)",
+                                                "/cfg/m.yaml");
+  EXPECT_FALSE(spec.varies_by_tensor());
+  EXPECT_DOUBLE_EQ(spec.experts[0].density, 0.6);
+  EXPECT_DOUBLE_EQ(spec.experts[1].density, 0.3);
+  EXPECT_DOUBLE_EQ(spec.experts[1].weight, 2.0);
+  EXPECT_DOUBLE_EQ(spec.lambda, 1.5);
+  // A filter list whose lookup finds nothing falls through to the top level, then the default.
+  const MergeSpec fall = io::parse_merge_config(R"(
+merge_method: task_arithmetic
+base_model: /m/base
+parameters: {weight: [{filter: mlp, value: 0.25}]}
+models:
+  - model: /m/a
+    parameters: {weight: [{filter: self_attn, value: 3}]}
+)",
+                                                "/cfg/m.yaml");
+  const auto per =
+      specs_by_tensor(fall, {"model.layers.0.self_attn.k_proj.weight",
+                             "model.layers.0.mlp.up_proj.weight", "model.norm.weight"});
+  EXPECT_DOUBLE_EQ(per[0].experts[0].weight, 3.0);
+  EXPECT_DOUBLE_EQ(per[1].experts[0].weight, 0.25);
+  EXPECT_DOUBLE_EQ(per[2].experts[0].weight, 1.0);
+}
+
+TEST(MergeConfig, LinearWithoutBaseGradesTheReferenceWeightToo) {
+  const MergeSpec spec = io::parse_merge_config(R"(
+merge_method: linear
+models:
+  - model: /m/a
+    parameters: {weight: [1, 0]}
+  - model: /m/b
+    parameters: {weight: [0, 1]}
+)",
+                                                "/cfg/m.yaml");
+  ASSERT_TRUE(spec.base_is_reference);
+  ASSERT_TRUE(spec.varies_by_tensor());
+  const auto per = specs_by_tensor(
+      spec, {"model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"});
+  ASSERT_TRUE(per[0].base_weight.has_value());
+  EXPECT_DOUBLE_EQ(*per[0].base_weight, 1.0);
+  EXPECT_DOUBLE_EQ(per[0].experts[0].weight, 0.0);
+  EXPECT_DOUBLE_EQ(*per[1].base_weight, 0.0);
+  EXPECT_DOUBLE_EQ(per[1].experts[0].weight, 1.0);
+}
+
+TEST(MergeConfig, AGradientThatMakesATensorInvalidNamesTheTensor) {
+  // normalize with weights summing to 0 at one layer only.
+  const MergeSpec spec = io::parse_merge_config(R"(
+merge_method: task_arithmetic
+base_model: /m/base
+parameters: {normalize: true}
+models:
+  - model: /m/a
+    parameters: {weight: [1, -1]}
+  - model: /m/b
+    parameters: {weight: [1, 1]}
+)",
+                                                "/cfg/m.yaml");
+  try {
+    specs_by_tensor(spec,
+                    {"model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"});
+    FAIL() << "expected a UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("sum to 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.layers.1.mlp.up_proj.weight"), std::string::npos)
+        << e.what();
   }
 }

@@ -45,6 +45,11 @@ struct ExecutionJob {
   const std::vector<TensorInfo>* tensors = nullptr;  // input tensors (base dtypes)
   std::vector<DType> out_dtypes;                     // per tensor
   OperatorConfig op;
+  // Per tensor, when the merge's parameters vary by tensor (gradients, filters); else empty.
+  std::vector<OperatorConfig> tensor_ops;
+  const OperatorConfig& op_for(std::size_t tensor) const {
+    return tensor_ops.empty() ? op : tensor_ops[tensor];
+  }
   std::vector<std::uint64_t> name_keys;  // per tensor: tensor_name_key(name)
   std::vector<float> thresholds;         // [expert][tensor]; empty when unused
   std::size_t experts = 0;

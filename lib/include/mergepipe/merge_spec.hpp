@@ -1,12 +1,15 @@
 #pragma once
 // A merge description: operator, parameters, inputs. Parsed from YAML by io/, overridden by flags.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "mergepipe/dtype.hpp"
+#include "mergepipe/parameter_setting.hpp"
 
 namespace mergepipe {
 
@@ -28,9 +31,14 @@ bool has_guaranteed_bound(MergeMethod method);
 std::string supported_method_names();
 
 struct ExpertSpec {
+  ExpertSpec() = default;
+  ExpertSpec(std::string model_path, double w = 1.0, double d = 1.0)
+      : path(std::move(model_path)), weight(w), density(d) {}
   std::string path;
   double weight = 1.0;
   double density = 1.0;  // in (0, 1]
+  // This model's settings of the parameters that vary by tensor (see MergeSpec::varying).
+  ParameterTable varying;
 };
 
 struct MergeSpec {
@@ -48,9 +56,22 @@ struct MergeSpec {
   // or the reference model of a config without base_model); unset: the base is not averaged.
   std::optional<double> base_weight;
   bool base_is_reference = false;  // the config had no base_model: base_model is its first model
-  // Keys the config gave that change nothing for this method (one line each, for rank 0 to
-  // print as warnings); not part of the merge's identity.
-  std::vector<std::string> ignored_keys;
+  // Parameters that vary by tensor (gradients, filters): for such a parameter every level's
+  // setting is here (the model's first, then this top level, as mergekit looks them up) and the
+  // scalar fields above hold the default the lookup falls back to. Empty for most configs.
+  ParameterTable varying;
+  ParameterTable base_varying;  // the base's own settings when it takes part (base_weight)
+  // The output folder's tokenizer (mergekit's tokenizer_source): unset or "base" the base's,
+  // "union" the models' shared tokenizer (refused when they differ), else a model's folder.
+  std::optional<std::string> tokenizer_source;
+  // mergekit's chat_template: "auto" (the one most of the models carry), "chatml", or a Jinja
+  // template; written into the output's tokenizer_config.json. Unset: as the tokenizer has it.
+  std::optional<std::string> chat_template;
+  // The models as the config named them (folder -> reference, e.g. a hub id), for the card.
+  std::map<std::string, std::string> model_names;
+  // What rank 0 prints as warnings about the config, one line each: keys that change nothing
+  // for this method, paths resolved differently from mergekit. Not part of the merge's identity.
+  std::vector<std::string> config_warnings;
 
   bool effective_normalize() const { return normalize.value_or(default_normalize(method)); }
   bool effective_rescale() const { return rescale.value_or(true); }
@@ -58,6 +79,14 @@ struct MergeSpec {
   // outside [2^-60, 2^60]: the power of two that brings it into [1, 2), else 1. Weights of 1e-50
   // or 1e308 then merge in fp32 exactly as their scaled copies would.
   double weight_scale() const;
+  bool varies_by_tensor() const;
+  // The spec with every parameter resolved for one tensor at gradient position t
+  // (gradient_positions): scalars only, nothing left varying.
+  MergeSpec for_tensor(std::string_view tensor_name, double t) const;
+  // The varying settings as one JSON object {"global", "base", "models"} (null when none): what
+  // plans hash and manifests record. set_varying reads it back (std::invalid_argument).
+  nlohmann::json varying_json() const;
+  void set_varying(const nlohmann::json& json);
   // The experts' folders, in config order.
   std::vector<std::string> expert_paths() const;
   // Throws UsageError naming the problem: no experts, weight not finite, density outside (0, 1],
@@ -73,5 +102,10 @@ struct Coefficients {
   std::vector<double> alpha;  // α_k
 };
 Coefficients additive_coefficients(const MergeSpec& spec);
+
+// The spec resolved for each tensor (for_tensor at its gradient position), each validated: a
+// UsageError names the tensor. One entry per name; all equal to `spec` when nothing varies.
+std::vector<MergeSpec> specs_by_tensor(const MergeSpec& spec,
+                                       const std::vector<std::string>& tensor_names);
 
 }  // namespace mergepipe

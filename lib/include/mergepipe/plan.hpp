@@ -62,6 +62,9 @@ struct Plan {
   // (a config without base_model); see MergeSpec.
   std::optional<double> base_weight;
   bool base_is_reference = false;
+  // Parameters that vary by tensor (MergeSpec::varying_json, compact JSON), "" when none; the
+  // per-expert weights and densities above are then the defaults those settings fall back to.
+  std::string varying_parameters;
 
   std::uint64_t tensor_count = 0;
   std::uint64_t block_count = 0;

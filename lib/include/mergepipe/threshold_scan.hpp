@@ -19,7 +19,13 @@ struct ThresholdScan {
   const Blocking* blocking = nullptr;
   const std::vector<TensorInfo>* tensors = nullptr;
   std::vector<double> densities;  // per expert
-  int threads = 1;                // compute threads
+  // [tensor * experts + k] when the densities vary by tensor (gradients, filters); else empty.
+  std::vector<double> tensor_densities;
+  double density(std::size_t tensor, std::size_t k) const {
+    return tensor_densities.empty() ? densities[k]
+                                    : tensor_densities[tensor * densities.size() + k];
+  }
+  int threads = 1;  // compute threads
   int io_threads = 4;
   int prefetch_depth = 2;
   std::uint64_t slice_bytes = 128u << 10;  // reads and compute steps within a block (0: whole)
