@@ -20,6 +20,7 @@
 #include "mergepipe/io/merge_config.hpp"
 #include "mergepipe/io/output_layout.hpp"
 #include "mergepipe/io/read_ahead.hpp"
+#include "mergepipe/io/slice_composition.hpp"
 #include "mergepipe/io/tokenizer_files.hpp"
 #include "mergepipe/mpi/catalog_load.hpp"
 #include "mergepipe/planner.hpp"
@@ -51,6 +52,17 @@ MergeTask full_read_task(const MergeSpec& spec, std::uint64_t block_bytes) {
   MergeTask task;
   task.spec = spec;
   task.full_read = true;
+  if (!spec.slices.empty()) {
+    // A frankenmerge: the composed layers are the base, copied; no expert.
+    io::SliceComposition composed = io::compose_slices(spec);
+    task.tensors = std::move(composed.tensors);
+    task.block_bytes = block_bytes;
+    task.base = std::move(composed.location);
+    const Blocking blocking = make_blocking(task.tensors, block_bytes);
+    task.plan = make_full_read_plan(spec, task.tensors, blocking,
+                                    compute_family_id(task.tensors, task.base.files));
+    return task;
+  }
   const Checkpoint base = io::open_checkpoint(spec.base_model);
   task.tensors = base.tensor_infos();
   task.block_bytes = block_bytes;
@@ -345,7 +357,6 @@ int cmd_merge(CommandContext& ctx) {
     }
   }
   o.pipeline.out = o.out;
-  o.pipeline.catalog_path = o.full_read ? "" : o.catalog;
   // A base read ahead into the page cache is read from there, not again around it.
   o.pipeline.hold_base = !o.base_read_ahead;
 
@@ -355,9 +366,20 @@ int cmd_merge(CommandContext& ctx) {
     if (!ctx.comm.is_root()) return;
     spec = io::load_merge_config(o.config);
     for (const std::string& line : spec.config_warnings) print_warning(o.pipeline.style, line);
+    if (spec.method == MergeMethod::kPassthrough) {
+      // Copies read every byte of their sources once: nothing to budget, no catalog to use.
+      for (const char* flag : {"catalog", "budget", "max-error"}) {
+        if (vm->count(flag)) {
+          throw UsageError(o.config + ": passthrough copies tensors and merges no expert, so --" +
+                           flag + " has nothing to budget (drop it)");
+        }
+      }
+      o.full_read = true;
+    }
     o.pipeline.folder.config_text = io::read_text_file(o.config);
     std::vector<io::GuardedInput> inputs{{"config", o.config}, {"base model", spec.base_model}};
     for (const auto& e : spec.experts) inputs.push_back({"expert", e.path});
+    for (const auto& slice : spec.slices) inputs.push_back({"slice model", slice.model});
     if (!o.full_read) inputs.push_back({"catalog", o.catalog});
     check_merge_target("merge", o.pipeline, inputs);
     if (vm->count("seed")) spec.seed = seed;
@@ -371,6 +393,10 @@ int cmd_merge(CommandContext& ctx) {
     (void)io::tokenizer_folder(spec);  // refused now, not after the merge
   });
   ctx.comm.check(failure, "read merge config");
+  std::string full_read = o.full_read ? "1" : "0";  // passthrough implies it: rank 0 knows
+  ctx.comm.broadcast(full_read, 0, "merge mode");
+  o.full_read = full_read == "1";
+  o.pipeline.catalog_path = o.full_read ? "" : o.catalog;
 
   // The catalog, by every rank: only the experts this merge uses, their statistics and freshness.
   Catalog catalog;

@@ -10,12 +10,28 @@
 #include "mergepipe/io/checkpoint_location.hpp"
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/hf_folder.hpp"
+#include "mergepipe/io/slice_composition.hpp"
 #include "mergepipe/manifest.hpp"
 #include "mergepipe/planner.hpp"
 
 namespace mergepipe::app {
 
 namespace {
+
+// Each recorded file is still there with the same size and header hash.
+void check_same_files(const CheckpointLocation& recorded, const CheckpointLocation& now,
+                      const std::string& manifest) {
+  if (now.files.size() != recorded.files.size())
+    throw InputError(manifest + ": input " + recorded.dir + " has other files than when merged");
+  for (std::size_t i = 0; i < now.files.size(); ++i) {
+    const FileIdentity& was = recorded.files[i];
+    const FileIdentity& is = now.files[i];
+    if (was.size != is.size || was.header_hash != is.header_hash) {
+      throw InputError(manifest + ": input " + is.path +
+                       " changed since the recorded merge (size or header differ)");
+    }
+  }
+}
 
 // The recorded inputs must still be the same files (size and header hash; mtime may change
 // when a family is copied).
@@ -27,15 +43,9 @@ CheckpointLocation reopen_checked(const CheckpointLocation& recorded,
     throw InputError(manifest + ": input " + recorded.dir +
                      " has different shard files than when it was merged");
   }
-  for (std::size_t i = 0; i < now.files.size(); ++i) {
-    const FileIdentity& was = recorded.files[i];
-    const FileIdentity& is = now.files[i];
-    if (was.size != is.size || was.header_hash != is.header_hash) {
-      throw InputError(manifest + ": input " + is.path +
-                       " changed since the recorded merge (size or header differ)");
-    }
-  }
-  return io::locate_tensors(now, tensors);
+  CheckpointLocation located = io::locate_tensors(now, tensors);
+  check_same_files(recorded, located, manifest);
+  return located;
 }
 
 }  // namespace
@@ -75,8 +85,18 @@ int cmd_replay(CommandContext& ctx) {
     std::vector<io::GuardedInput> inputs{{"manifest", manifest_path},
                                          {"base model", info.base.dir}};
     for (const auto& e : info.experts) inputs.push_back({"expert", e.dir});
+    for (const auto& slice : task.spec.slices) inputs.push_back({"slice model", slice.model});
     check_merge_target("replay", pipeline, inputs);
-    task.base = reopen_checked(info.base, task.tensors, manifest_path);
+    if (!task.spec.slices.empty()) {
+      // A frankenmerge: its base location spans the slices' models; compose it again.
+      io::SliceComposition now = io::compose_slices(task.spec);
+      if (now.tensors != task.tensors)
+        throw InputError(manifest_path + ": the slices' models no longer hold the tensors merged");
+      check_same_files(info.base, now.location, manifest_path);
+      task.base = std::move(now.location);
+    } else {
+      task.base = reopen_checked(info.base, task.tensors, manifest_path);
+    }
     for (const auto& e : info.experts)
       task.experts.push_back(reopen_checked(e, task.tensors, manifest_path));
     pipeline.expected_hashes = info.tensor_hashes;

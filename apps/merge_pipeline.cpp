@@ -13,6 +13,7 @@
 #include "mergepipe/io/hf_folder.hpp"
 #include "mergepipe/io/output_layout.hpp"
 #include "mergepipe/io/proc_io.hpp"
+#include "mergepipe/io/slice_composition.hpp"
 #include "mergepipe/io/staging.hpp"
 #include "mergepipe/io/tokenizer_files.hpp"
 #include "mergepipe/manifest.hpp"
@@ -65,17 +66,20 @@ nlohmann::json lineage_of(const MergeTask& task) {
 
 void write_folder_metadata(const MergeTask& task, const std::string& dir,
                            const FolderOptions& folder) {
-  const std::string base_config = task.base.dir + "/config.json";
+  // The base model's folder (a frankenmerge's base location spans several models' files).
+  const std::string base_dir = task.spec.base_model;
+  const std::string base_config = base_dir + "/config.json";
   std::error_code ec;
   if (fs::exists(base_config, ec)) {
     std::string text = io::read_text_file(base_config);
+    if (!task.spec.slices.empty()) text = io::rewrite_config_layers(text, task.spec);
     if (task.spec.out_dtype)
       text = io::rewrite_config_dtype(text, torch_dtype_name(*task.spec.out_dtype));
     io::write_text_file(dir + "/config.json", text);
   }
   // The base's processor files, and the tokenizer of tokenizer_source (the base's by default).
   const std::string tokenizer_dir = io::tokenizer_folder(task.spec);
-  for (const auto& entry : fs::directory_iterator(task.base.dir)) {
+  for (const auto& entry : fs::directory_iterator(base_dir)) {
     const std::string name = entry.path().filename().string();
     if (!entry.is_regular_file() || !io::is_carried_file(name) || io::is_tokenizer_file(name))
       continue;

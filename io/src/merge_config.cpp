@@ -211,9 +211,66 @@ void fold_constant_settings(MergeSpec& spec) {
     spec.lambda = constant_of(spec.varying, "lambda").value_or(spec.lambda);
     spec.varying.erase("lambda");
   }
+  if (constant("scale")) {
+    if (auto scale = constant_of(spec.varying, "scale")) spec.scale = scale;
+    spec.varying.erase("scale");
+  }
   if (constant("t")) {
     if (auto t = constant_of(spec.varying, "t")) spec.t = t;
     spec.varying.erase("t");
+  }
+}
+
+// mergekit's `slices` for passthrough: each slice one source, layers [a, b) of one model.
+template <typename ModelPath>
+void read_passthrough_slices(const ConfigReader& r, const YAML::Node& slices, MergeSpec& spec,
+                             const ModelPath& model_path) {
+  if (!slices.IsSequence() || slices.size() == 0)
+    r.fail(slices, "slices", "expected a list of slices");
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    const std::string path = "slices[" + std::to_string(i) + "]";
+    std::optional<YAML::Node> sources;
+    for (const auto& [key, value] :
+         r.entries(slices[i], path, {"sources", "base_model", "residual_weight", "parameters"})) {
+      if (key == "sources") {
+        sources = value;
+      } else if (!value.IsNull()) {
+        r.fail(value, path + "." + key,
+               "a slice's own " + key + " is not supported yet (passthrough slices copy layers)");
+      }
+    }
+    if (!sources) r.fail(slices[i], path + ".sources", "missing");
+    if (!sources->IsSequence() || sources->size() != 1) {
+      r.fail(*sources, path + ".sources",
+             "passthrough copies one source per slice; a slice of " +
+                 std::to_string(sources->IsSequence() ? sources->size() : 0) +
+                 " sources merges them (a per-slice merge), which is not supported yet");
+    }
+    const YAML::Node source = (*sources)[0];
+    const std::string spath = path + ".sources[0]";
+    SliceSource slice;
+    bool have_model = false, have_range = false;
+    for (const auto& [key, value] :
+         r.entries(source, spath, {"model", "layer_range", "parameters"})) {
+      if (key == "model") {
+        slice.model = model_path(value, spath + ".model");
+        have_model = true;
+      } else if (key == "layer_range") {
+        if (!value.IsSequence() || value.size() != 2)
+          r.fail(value, spath + ".layer_range", "expected [first, end] (end not included)");
+        slice.first_layer = r.unsigned_integer(value[0], spath + ".layer_range");
+        slice.end_layer = r.unsigned_integer(value[1], spath + ".layer_range");
+        if (slice.end_layer <= slice.first_layer)
+          r.fail(value, spath + ".layer_range", "the end must be after the first layer");
+        have_range = true;
+      } else if (!value.IsNull()) {
+        r.fail(value, spath + ".parameters",
+               "a source's own parameters are not supported yet (give 'scale' at the top level)");
+      }
+    }
+    if (!have_model) r.fail(source, spath + ".model", "missing");
+    if (!have_range) r.fail(source, spath + ".layer_range", "missing");
+    spec.slices.push_back(std::move(slice));
   }
 }
 
@@ -257,7 +314,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
        gave_rescale = false, gave_int8_mask = false;
   bool have_method = false, have_base = false, have_models = false;
   std::optional<DType> compute_dtype, written_dtype;
-  std::optional<YAML::Node> tokenizer_source;
+  std::optional<YAML::Node> tokenizer_source, slices;
   YAML::Node models;
   for (const auto& [key, value] : r.entries(
            root, "",
@@ -280,9 +337,9 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
       have_models = true;
     } else if (key == "parameters") {
       if (value.IsNull()) continue;
-      for (const auto& [pkey, pvalue] :
-           r.entries(value, key,
-                     {"normalize", "lambda", "weight", "density", "rescale", "t", "int8_mask"})) {
+      for (const auto& [pkey, pvalue] : r.entries(value, key,
+                                                  {"normalize", "lambda", "weight", "density",
+                                                   "rescale", "t", "int8_mask", "scale"})) {
         const std::string full = key + "." + pkey;
         gave_lambda |= pkey == "lambda";
         gave_normalize |= pkey == "normalize";
@@ -295,7 +352,8 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
         // mergekit's int8_mask stores its sign masks as int8 to save memory; the merge is the
         // same, and masks here are never materialised: accepted, it changes nothing.
         if (pkey == "int8_mask") (void)r.flag(pvalue, full);
-        if (pkey == "t" || pkey == "lambda" || pkey == "weight" || pkey == "density")
+        if (pkey == "t" || pkey == "lambda" || pkey == "weight" || pkey == "density" ||
+            pkey == "scale")
           spec.varying[pkey] = r.setting(pvalue, full);
       }
     } else if (key == "dtype" || key == "out_dtype") {
@@ -310,10 +368,12 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
       // mergekit computes in `dtype` and writes `out_dtype` (else `dtype`); the arithmetic here
       // is float32 whatever `dtype` says, so only the written dtype follows the config.
       (key == "dtype" ? compute_dtype : written_dtype) = dtype;
-    } else if (key == "slices" || key == "modules") {
+    } else if (key == "slices") {
+      slices = value;  // read once the method is known
+    } else if (key == "modules") {
       r.fail(value, key,
-             "slices of layer ranges (frankenmerges, per-slice merges) are not supported yet; "
-             "list whole models under 'models'");
+             "modules (separate merges of a model's parts) are not supported yet; list whole "
+             "models under 'models', or passthrough 'slices'");
     } else if (key == "tokenizer_source") {
       tokenizer_source = value;
     } else if (key == "tokenizer") {
@@ -353,13 +413,26 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
   if (!have_method) r.fail(root, "merge_method", "missing");
   // linear is a weighted average of the models: mergekit needs no base for it. The first model
   // then serves as the reference the others' deltas are taken against.
-  if (!have_base && spec.method != MergeMethod::kLinear) {
-    r.fail(root, "base_model",
-           "missing (" + std::string(merge_method_name(spec.method)) +
-               " merges deltas against a base; only linear takes none)");
+  const bool passthrough = spec.method == MergeMethod::kPassthrough;
+  if (slices) {
+    if (have_models) r.fail(*slices, "slices", "give either 'models' or 'slices', not both");
+    if (!passthrough) {
+      r.fail(*slices, "slices",
+             "slices of layer ranges merged by " + std::string(merge_method_name(spec.method)) +
+                 " (per-slice merges) are not supported yet; passthrough slices "
+                 "(frankenmerges) are, and whole models under 'models'");
+    }
+    read_passthrough_slices(r, *slices, spec, model_path);
+    if (!have_base) spec.base_model = spec.slices.front().model;
+  } else {
+    if (!have_base && spec.method != MergeMethod::kLinear && !passthrough) {
+      r.fail(root, "base_model",
+             "missing (" + std::string(merge_method_name(spec.method)) +
+                 " merges deltas against a base; only linear takes none)");
+    }
+    if (!have_models) r.fail(root, "models", "missing");
+    if (!models.IsSequence()) r.fail(models, "models", "expected a list of models");
   }
-  if (!have_models) r.fail(root, "models", "missing");
-  if (!models.IsSequence()) r.fail(models, "models", "expected a list of models");
 
   for (std::size_t i = 0; i < models.size(); ++i) {
     const YAML::Node entry = models[i];
@@ -387,7 +460,11 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
     }
     spec.experts.push_back(std::move(e));
   }
-  if (!have_base && !spec.experts.empty()) {
+  if (passthrough && !have_base && !spec.experts.empty()) {
+    // passthrough of one model: that model is what is copied.
+    spec.base_model = spec.experts.front().path;
+    spec.experts.erase(spec.experts.begin());
+  } else if (!have_base && !spec.experts.empty()) {
     spec.base_model = spec.experts.front().path;
     spec.base_weight = 1.0;  // its weight is folded in below
     spec.base_varying = std::move(spec.experts.front().varying);
@@ -439,6 +516,11 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
   ignored(gave_normalize && nearswap, "normalize", "it takes one model");
   ignored(gave_rescale && spec.method == MergeMethod::kTaskArithmetic, "rescale",
           "it drops no entries to rescale, as in mergekit");
+  for (const auto& [given, key] : {std::pair{gave_weight, "weight"},
+                                   {gave_density, "density"},
+                                   {gave_lambda, "lambda"},
+                                   {gave_normalize, "normalize"}})
+    ignored(given && passthrough, key, "it copies tensors; only 'scale' applies");
   ignored(gave_int8_mask, "int8_mask",
           "a memory option of mergekit's; masks are never held whole here");
   try {

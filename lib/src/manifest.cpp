@@ -57,6 +57,13 @@ ojson make_manifest(const ManifestRecord& r) {
   if (spec.t) parameters["t"] = *spec.t;
   if (spec.base_weight) parameters["base_weight"] = *spec.base_weight;
   if (spec.base_is_reference) parameters["base_is_reference"] = true;
+  if (spec.scale) parameters["scale"] = *spec.scale;
+  if (!spec.slices.empty()) {
+    ojson slices = ojson::array();
+    for (const SliceSource& s : spec.slices)
+      slices.push_back({{"model", s.model}, {"layer_range", {s.first_layer, s.end_layer}}});
+    parameters["slices"] = slices;
+  }
   if (spec.tokenizer_source) parameters["tokenizer_source"] = *spec.tokenizer_source;
   if (spec.chat_template) parameters["chat_template"] = *spec.chat_template;
   if (!spec.model_names.empty()) {
@@ -138,6 +145,14 @@ ManifestReplayInfo parse_manifest(const std::string& text, const std::string& so
     if (p.contains("t")) info.spec.t = p.at("t").get<double>();
     if (p.contains("base_weight")) info.spec.base_weight = p.at("base_weight").get<double>();
     info.spec.base_is_reference = p.value("base_is_reference", false);
+    if (p.contains("scale")) info.spec.scale = p.at("scale").get<double>();
+    if (p.contains("slices")) {
+      for (const auto& s : p.at("slices")) {
+        const auto range = s.at("layer_range").get<std::vector<std::uint64_t>>();
+        if (range.size() != 2) throw InputError(source + ": a slice's layer_range is not [a, b]");
+        info.spec.slices.push_back({s.at("model").get<std::string>(), range[0], range[1]});
+      }
+    }
     if (p.contains("tokenizer_source"))
       info.spec.tokenizer_source = p.at("tokenizer_source").get<std::string>();
     if (p.contains("chat_template"))

@@ -16,6 +16,7 @@ std::optional<MergeMethod> parse_merge_method(std::string_view name) {
   if (name == "dare_linear") return MergeMethod::kDareLinear;
   if (name == "dare_ties") return MergeMethod::kDareTies;
   if (name == "nearswap") return MergeMethod::kNearswap;
+  if (name == "passthrough") return MergeMethod::kPassthrough;
   return std::nullopt;
 }
 
@@ -33,12 +34,14 @@ std::string_view merge_method_name(MergeMethod method) {
       return "dare_ties";
     case MergeMethod::kNearswap:
       return "nearswap";
+    case MergeMethod::kPassthrough:
+      return "passthrough";
   }
   return "?";
 }
 
 std::string supported_method_names() {
-  return "linear, task_arithmetic, ties, dare_linear, dare_ties, nearswap";
+  return "linear, task_arithmetic, ties, dare_linear, dare_ties, nearswap, passthrough";
 }
 
 bool default_normalize(MergeMethod method) {
@@ -57,7 +60,8 @@ bool uses_dare(MergeMethod method) {
   return method == MergeMethod::kDareLinear || method == MergeMethod::kDareTies;
 }
 bool has_guaranteed_bound(MergeMethod method) {
-  return is_additive(method) || method == MergeMethod::kNearswap;
+  return is_additive(method) || method == MergeMethod::kNearswap ||
+         method == MergeMethod::kPassthrough;
 }
 
 std::vector<std::string> MergeSpec::expert_paths() const {
@@ -116,6 +120,7 @@ MergeSpec MergeSpec::for_tensor(std::string_view tensor_name, double t_pos) cons
         look_up(&base_varying, varying, "weight", tensor_name, t_pos).value_or(*base_weight);
   out.lambda = look_up(nullptr, varying, "lambda", tensor_name, t_pos).value_or(lambda);
   if (auto v = look_up(nullptr, varying, "t", tensor_name, t_pos)) out.t = v;
+  if (auto v = look_up(nullptr, varying, "scale", tensor_name, t_pos)) out.scale = v;
   return out;
 }
 
@@ -167,6 +172,25 @@ void MergeSpec::validate() const {
         "config: a linear merge without base_model needs two models or more (it "
         "averages them; one is a copy)");
   }
+  if (method == MergeMethod::kPassthrough) {
+    // Copies: no expert, nothing to weigh; only `scale` applies.
+    if (!experts.empty()) {
+      throw UsageError(
+          "config: passthrough copies one model's tensors (or slices of layers), "
+          "but 'models' lists " +
+          std::to_string(experts.size() + 1) + "; a merge of several needs another method");
+    }
+    if (scale && !std::isfinite(*scale))
+      throw UsageError("config: parameter 'scale' is not finite");
+    return;
+  }
+  if (scale || varying.count("scale"))
+    throw UsageError("config: parameter 'scale' belongs to passthrough; " +
+                     std::string(merge_method_name(method)) + " does not take it");
+  if (!slices.empty())
+    throw UsageError(
+        "config: slices of layers are copied by passthrough only; per-slice "
+        "merges are not supported yet");
   if (experts.empty()) throw UsageError("config: 'models' lists no expert to merge");
   for (const auto& e : experts) {
     if (!std::isfinite(e.weight))

@@ -33,6 +33,10 @@ void serialize(Archive& ar, ParameterSetting& s) {
   ar(s.rules, s.conditional);
 }
 template <class Archive>
+void serialize(Archive& ar, SliceSource& s) {
+  ar(s.model, s.first_layer, s.end_layer);
+}
+template <class Archive>
 void serialize(Archive& ar, ExpertSpec& e) {
   ar(e.path, e.weight, e.density, e.varying);
 }
@@ -40,7 +44,7 @@ template <class Archive>
 void serialize(Archive& ar, MergeSpec& s) {
   ar(s.method, s.base_model, s.experts, s.normalize, s.lambda, s.out_dtype, s.seed, s.budget,
      s.rescale, s.t, s.base_weight, s.base_is_reference, s.varying, s.base_varying,
-     s.tokenizer_source, s.chat_template, s.model_names);
+     s.tokenizer_source, s.chat_template, s.model_names, s.scale, s.slices);
 }
 
 std::vector<TensorInfo> MergeTask::output_tensors() const {

@@ -327,6 +327,7 @@ OperatorConfig OperatorConfig::from_spec(const MergeSpec& spec) {
   cfg.rescale = spec.effective_rescale();
   cfg.t = static_cast<float>(spec.t.value_or(0.0));
   cfg.base_weight = static_cast<float>(spec.base_weight.value_or(0.0) * spec.weight_scale());
+  cfg.scale = static_cast<float>(spec.scale.value_or(1.0));
   cfg.weights.reserve(spec.experts.size());
   cfg.densities.reserve(spec.experts.size());
   const double scale = spec.weight_scale();
@@ -382,6 +383,15 @@ void merge_block(const OperatorConfig& cfg, const TensorContext& tensor, std::ui
                                 std::to_string(tensor.thresholds.size()));
   }
   if (n == 0) return;
+  if (cfg.method == MergeMethod::kPassthrough) {
+    if (k_count != 0) throw std::invalid_argument("merge operator: passthrough takes no expert");
+    if (cfg.scale == 1.0f) {
+      std::copy_n(base, n, out);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) out[i] = cfg.scale * base[i];
+    }
+    return;
+  }
   if (cfg.method == MergeMethod::kNearswap) {
     if (k_count != 1) throw std::invalid_argument("merge operator: nearswap takes one expert");
     return nearswap(cfg.t, n, base, deltas[0], out);

@@ -1,7 +1,8 @@
 #include "mergepipe/parameter_setting.hpp"
 
+#include "mergepipe/layer_names.hpp"
+
 #include <algorithm>
-#include <cctype>
 #include <stdexcept>
 
 namespace mergepipe {
@@ -93,24 +94,6 @@ ParameterTable table_from_json(const nlohmann::json& json) {
   return table;
 }
 
-std::optional<std::size_t> tensor_layer(std::string_view name) {
-  for (std::string_view marker : {"layers.", "h.", "blocks."}) {
-    for (std::size_t pos = name.find(marker); pos != std::string_view::npos;
-         pos = name.find(marker, pos + 1)) {
-      if (pos != 0 && name[pos - 1] != '.') continue;  // a whole name component
-      std::size_t i = pos + marker.size(), digits = 0;
-      std::size_t layer = 0;
-      while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) {
-        layer = layer * 10 + static_cast<std::size_t>(name[i] - '0');
-        ++i;
-        ++digits;
-      }
-      if (digits > 0 && (i == name.size() || name[i] == '.')) return layer;
-    }
-  }
-  return std::nullopt;
-}
-
 std::vector<double> gradient_positions(const std::vector<std::string>& tensor_names) {
   std::size_t layers = 0;
   for (const auto& n : tensor_names)
@@ -121,10 +104,7 @@ std::vector<double> gradient_positions(const std::vector<std::string>& tensor_na
     if (auto l = tensor_layer(n)) {
       out.push_back(layers > 1 ? static_cast<double>(*l) / static_cast<double>(layers - 1) : 1.0);
     } else {
-      out.push_back(n.find("embed") != std::string::npos || n.find("wte") != std::string::npos ||
-                            n.find("wpe") != std::string::npos
-                        ? 0.0
-                        : 1.0);
+      out.push_back(0.0);  // mergekit plans its pre- and post-weights at t = 0
     }
   }
   return out;

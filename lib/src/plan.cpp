@@ -82,13 +82,17 @@ std::string write_binary(const Plan& plan, bool with_hash_and_timing) {
       ar(p.rescale, has_t, t, has_base_weight, base_weight, p.base_is_reference);
     };
     const bool varies = !p.varying_parameters.empty();
+    bool has_scale = p.scale.has_value();
+    double scale = p.scale.value_or(1.0);
     if (with_hash_and_timing) {
       ar(p.hash, p.planning_seconds);
       later_fields();
-      ar(p.varying_parameters);
-    } else if (!p.rescale || has_t || has_base_weight || p.base_is_reference || varies) {
+      ar(p.varying_parameters, has_scale, scale);
+    } else if (!p.rescale || has_t || has_base_weight || p.base_is_reference || varies ||
+               has_scale) {
       later_fields();
-      if (varies) ar(p.varying_parameters);
+      if (varies || has_scale) ar(p.varying_parameters);
+      if (has_scale) ar(scale);
     }
   }
   return std::move(os).str();
@@ -146,7 +150,10 @@ Plan deserialize_plan(const std::string& bytes) {
     double t = 0, base_weight = 0;
     ar(p.hash, p.planning_seconds);
     ar(p.rescale, has_t, t, has_base_weight, base_weight, p.base_is_reference);
-    ar(p.varying_parameters);
+    bool has_scale = false;
+    double scale = 1.0;
+    ar(p.varying_parameters, has_scale, scale);
+    if (has_scale) p.scale = scale;
     if (has_t) p.t = t;
     if (has_base_weight) p.base_weight = base_weight;
     if (is.tellg() != static_cast<std::streamoff>(bytes.size())) {
@@ -315,6 +322,7 @@ json plan_to_json(const Plan& p) {
   j["parameters"] = {{"lambda", p.lambda}, {"normalize", p.normalize}, {"seed", p.seed}};
   if (!p.rescale) j["parameters"]["rescale"] = false;
   if (p.t) j["parameters"]["t"] = *p.t;
+  if (p.scale) j["parameters"]["scale"] = *p.scale;
   if (p.base_weight) j["parameters"]["base_weight"] = *p.base_weight;
   if (p.base_is_reference) j["base_is_reference"] = true;
   if (!p.varying_parameters.empty()) j["parameters"]["varying"] = json::parse(p.varying_parameters);
@@ -395,6 +403,7 @@ Plan plan_from_json(const json& j, const std::string& source) {
   p.seed = r.u64(params, "seed", "parameters.");
   if (params.contains("rescale")) p.rescale = r.boolean(params, "rescale", "parameters.");
   if (params.contains("t")) p.t = r.real(params, "t", "parameters.");
+  if (params.contains("scale")) p.scale = r.real(params, "scale", "parameters.");
   if (params.contains("base_weight")) p.base_weight = r.real(params, "base_weight", "parameters.");
   if (j.contains("base_is_reference")) p.base_is_reference = r.boolean(j, "base_is_reference");
   if (params.contains("varying")) {

@@ -158,6 +158,11 @@ PlanRequest plan_request_for(const MergeSpec& spec, const std::string& budget_fl
 
 Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest& request) {
   spec.validate();
+  if (spec.method == MergeMethod::kPassthrough) {
+    throw UsageError(
+        "passthrough copies tensors and merges no expert: there is nothing to "
+        "budget (run it without --catalog and --budget)");
+  }
   const bool additive = has_guaranteed_bound(spec.method);
   if (request.max_error) {
     if (!additive) {
@@ -354,6 +359,7 @@ Plan make_full_read_plan(const MergeSpec& spec, const std::vector<TensorInfo>& t
   plan.base_weight = spec.base_weight;
   plan.base_is_reference = spec.base_is_reference;
   plan.varying_parameters = spec.varies_by_tensor() ? spec.varying_json().dump() : "";
+  plan.scale = spec.scale;
   if (spec.varies_by_tensor()) {
     std::vector<std::string> names;
     for (const TensorInfo& t : tensors) names.push_back(t.name);

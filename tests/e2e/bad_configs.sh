@@ -32,7 +32,7 @@ expect_one_error
 expect_no_output out
 echo "ok: bad YAML"
 
-refused 2 "bad\.yaml:4: key 'bogus_key': unknown key \(expected one of: base_model, budget, dtype, merge_method, models, parameters, seed\)" \
+refused 2 "bad\.yaml:4: key 'bogus_key': unknown key \(expected one of: base_model, budget, chat_template, dtype, merge_method, models, modules, out_dtype, parameters, seed, slices, tokenizer, tokenizer_source\)" \
   "${head}models: [fam/expert00]\nbogus_key: 1\n"
 refused 1 "bad\.yaml:4: key 'models\[0\]\.parameters\.densty': unknown key \(expected one of: density, weight\)" \
   "${head}models:\n  - {model: fam/expert00, parameters: {weight: 1, densty: 0.5}}\n"

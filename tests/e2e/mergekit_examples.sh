@@ -58,13 +58,43 @@ example ties "$TB" "$ORCA" "$PLATY" "$WMATH"
 grep -q '"torch_dtype": "float16"' ties-100/config.json || fail "ties.yml: dtype float16 not in config.json"
 grep -q 'TheBloke/Llama-2-13B-fp16' ties-40/README.md || fail "the model card lacks the base's id"
 
-# Not built yet: slices (frankenmerges, per-slice merges) and slerp. One line each.
-cp "$EXAMPLES/gradient-slerp.yml" "$EXAMPLES/orcamini-platy-44layer.yml" .
-for cfg in gradient-slerp orcamini-platy-44layer; do
-  expect_exit 2 "^mergepipe: error: $cfg\.yml:2: key 'slices': slices of layer ranges .* are not supported yet" \
-    "$MERGEPIPE" merge "$cfg.yml" "out-$cfg" --full-read
-  [[ $(wc -l <"$TEST_SCRATCH/err.txt") -eq 1 ]] || fail "$cfg: more than one line: $(cat "$TEST_SCRATCH/err.txt")"
-done
+# The frankenmerge (passthrough slices: 24 + 20 layers of two 40-layer models), from a cache of
+# 40-layer models; a copy, so nothing to budget: plan refuses, the merge needs no flag.
+"$MERGEPIPE" synth --preset tiny --layers 40 --hidden 32 --experts 1 --seed 31 --out fam40 >/dev/null
+HF_HOME="$TEST_SCRATCH/hf40" cache_model psmathur/orca_mini_v3_13b fam40/base >/dev/null
+HF_HOME="$TEST_SCRATCH/hf40" cache_model garage-bAInd/Platypus2-13B fam40/expert00 >/dev/null
+cp "$EXAMPLES/orcamini-platy-44layer.yml" .
+HF_HOME="$TEST_SCRATCH/hf40" run_np 2 merge orcamini-platy-44layer.yml platy44 --quiet
+HF_HOME="$TEST_SCRATCH/hf40" run_np 1 merge orcamini-platy-44layer.yml platy44-1 --quiet
+same_model_files platy44 platy44-1
+[[ "$(json_get platy44/config.json num_hidden_layers)" == 44 ]] || fail "44-layer example: $(json_get platy44/config.json num_hidden_layers) layers"
+"$PYTHON" - platy44 fam40/base fam40/expert00 <<'PY'
+import sys
+sys.path.insert(0, __import__("os").environ["TESTS_DIR"] + "/python")
+from merge_ref import read_folder
+import numpy as np
+out, a, b = (read_folder(p) for p in sys.argv[1:4])
+for name, (arr, _) in out.items():
+    parts = name.split(".")
+    if parts[:2] == ["model", "layers"]:
+        l = int(parts[2])
+        src, at = (a, l) if l < 24 else (b, l - 24 + 20)
+        ref = src[name.replace(f"layers.{l}.", f"layers.{at}.", 1)][0]
+    else:
+        ref = (a if "embed" in name else b)[name][0]
+    # fp16 as the config asks: the bf16 sources rounded once.
+    assert np.array_equal(arr, ref.astype(np.float16).astype(np.float32)), name
+print("orcamini-platy-44layer.yml: 44 layers, each the right source layer")
+PY
+HF_HOME="$TEST_SCRATCH/hf40" expect_exit 2 "passthrough copies tensors and merges no expert: there is nothing to budget" \
+  "$MERGEPIPE" plan --config orcamini-platy-44layer.yml --catalog cat-ties
+echo "orcamini-platy-44layer.yml: ok"
+
+# Not built yet: slerp (and per-slice merges). One line.
+cp "$EXAMPLES/gradient-slerp.yml" .
+expect_exit 2 "^mergepipe: error: gradient-slerp\.yml:7: key 'merge_method': unsupported method 'slerp'" \
+  "$MERGEPIPE" merge gradient-slerp.yml out-slerp --full-read
+[[ $(wc -l <"$TEST_SCRATCH/err.txt") -eq 1 ]] || fail "gradient-slerp: more than one line: $(cat "$TEST_SCRATCH/err.txt")"
 
 # An id that is not in the cache: what to do about it, in one line.
 sed 's|BioMistral/BioMistral-7B|BioMistral/BioMistral-7B-DARE|' bio-merge.yml >missing.yml

@@ -84,7 +84,7 @@ def evaluate(setting, name, t):
 
 
 def positions(names):
-    """t per tensor: layer i of n at i/(n-1) (1 if n == 1); embeddings at 0, other non-layer at 1."""
+    """t per tensor: layer i of n at i/(n-1) (1 if n == 1); tensors outside the layers at 0."""
     layer = {n: int(m.group(1)) for n in names if (m := re.search(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.", n))}
     count = max(layer.values(), default=-1) + 1
     out = {}
@@ -92,7 +92,7 @@ def positions(names):
         if n in layer:
             out[n] = layer[n] / (count - 1) if count > 1 else 1.0
         else:
-            out[n] = 0.0 if ("embed" in n or "wte" in n or "wpe" in n) else 1.0
+            out[n] = 0.0
     return out
 
 

@@ -344,10 +344,10 @@ models:
   EXPECT_DOUBLE_EQ(per[1].lambda, 1.0);
   EXPECT_DOUBLE_EQ(per[3].experts[0].density, 0.8);
   EXPECT_DOUBLE_EQ(per[3].experts[1].weight, 1.0);
-  // Embeddings sit at t = 0, the head at t = 1 (mergekit's pre- and post-weights).
+  // Embeddings and the head sit at t = 0 (mergekit plans pre- and post-weights there).
   EXPECT_DOUBLE_EQ(per[0].experts[1].weight, 0.0);
-  EXPECT_DOUBLE_EQ(per[4].experts[1].weight, 1.0);
-  EXPECT_DOUBLE_EQ(per[4].experts[0].density, 0.8);
+  EXPECT_DOUBLE_EQ(per[4].experts[1].weight, 0.0);
+  EXPECT_DOUBLE_EQ(per[4].experts[0].density, 0.2);
   for (const MergeSpec& s : per) EXPECT_FALSE(s.varies_by_tensor());
 
   // The settings survive the JSON form that plans and manifests carry.

@@ -114,6 +114,8 @@ double reference_gain(const RandomCase& rc, std::size_t k, std::size_t b,
       const std::uint32_t t = rc.catalog.blocking.blocks[b].tensor;
       return a * trimmed_norm_estimate(s, rc.catalog.experts[k].sketches[t].threshold(d));
     }
+    case MergeMethod::kPassthrough:
+      return 0.0;  // no expert: never planned
   }
   return 0.0;
 }

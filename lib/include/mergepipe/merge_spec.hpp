@@ -13,7 +13,15 @@
 
 namespace mergepipe {
 
-enum class MergeMethod { kLinear, kTaskArithmetic, kTies, kDareLinear, kDareTies, kNearswap };
+enum class MergeMethod {
+  kLinear,
+  kTaskArithmetic,
+  kTies,
+  kDareLinear,
+  kDareTies,
+  kNearswap,
+  kPassthrough
+};
 
 std::optional<MergeMethod> parse_merge_method(std::string_view name);
 std::string_view merge_method_name(MergeMethod method);
@@ -41,6 +49,14 @@ struct ExpertSpec {
   ParameterTable varying;
 };
 
+// One slice of a frankenmerge (mergekit's `slices` with passthrough): layers [first, end) of one
+// model, renumbered after the slices before it.
+struct SliceSource {
+  std::string model;
+  std::uint64_t first_layer = 0, end_layer = 0;
+  bool operator==(const SliceSource&) const = default;
+};
+
 struct MergeSpec {
   MergeMethod method = MergeMethod::kLinear;
   std::string base_model;
@@ -52,6 +68,10 @@ struct MergeSpec {
   std::optional<std::string> budget;  // as written ("25%", "12GiB", ...)
   std::optional<bool> rescale;        // DARE: divide kept deltas by the density (default true)
   std::optional<double> t;            // nearswap: the similarity threshold (required there)
+  std::optional<double> scale;        // passthrough: a factor on every copied value
+  // passthrough: the output's layers from these slices in order (the embeddings from the first
+  // slice's model, the final norm and head from the last's); empty: base_model copied whole.
+  std::vector<SliceSource> slices;
   // linear: the base's own weight when it takes part in the average (listed among the models,
   // or the reference model of a config without base_model); unset: the base is not averaged.
   std::optional<double> base_weight;

@@ -26,6 +26,7 @@ struct OperatorConfig {
   bool rescale = true;    // DARE: kept deltas divided by the density (mergekit's `rescale`)
   float t = 0;            // nearswap's threshold
   float base_weight = 0;  // linear: the base's weight in the average (0: not averaged)
+  float scale = 1;        // passthrough: out = scale·θ0
 
   static OperatorConfig from_spec(const MergeSpec& spec);
   std::size_t expert_count() const { return weights.size(); }
@@ -47,6 +48,7 @@ std::uint64_t tensor_name_key(std::string_view tensor_name);
 //  dare_linear:     out = θ0 + Σ alpha_k Δ'_k            (same alpha as task_arithmetic)
 //  ties, dare_ties: v_k = w_k·Δ'_k, out = θ0 + lambda·merged
 //  nearswap:        out = θ0 + w·Δ with w = min(1, t / max(|Δ|, 1e-6)) per element (one expert)
+//  passthrough:     out = scale·θ0 (no expert; scale 1 copies the bits)
 // Sums and quotients are formed in double from the fp32 weights, then rounded once to fp32.
 struct OperatorScalars {
   float base_scale = 1.0f;

@@ -50,12 +50,10 @@ ParameterSetting setting_from_json(const nlohmann::json& json);
 nlohmann::json table_to_json(const ParameterTable& table);
 ParameterTable table_from_json(const nlohmann::json& json);
 
-// The layer of a tensor (its index after "layers.", "h." or "blocks."), or nullopt.
-std::optional<std::size_t> tensor_layer(std::string_view tensor_name);
-
 // Where mergekit evaluates gradients for each tensor: t = i / (n - 1) for layer i of n (1 when
-// n = 1); tensors outside the layers at 0 when they are embeddings (mergekit's pre-weights) and at
-// 1 otherwise (the final norm and the head, its post-weights). n counts the layers the names show.
+// n = 1), and 0 for every tensor outside the layers (mergekit's pre-weights, the embeddings, and
+// its post-weights, the final norm and the head, share one reader at t = 0). n counts the layers
+// the names show.
 std::vector<double> gradient_positions(const std::vector<std::string>& tensor_names);
 
 }  // namespace mergepipe

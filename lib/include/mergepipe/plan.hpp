@@ -65,6 +65,7 @@ struct Plan {
   // Parameters that vary by tensor (MergeSpec::varying_json, compact JSON), "" when none; the
   // per-expert weights and densities above are then the defaults those settings fall back to.
   std::string varying_parameters;
+  std::optional<double> scale;  // passthrough's factor, when given
 
   std::uint64_t tensor_count = 0;
   std::uint64_t block_count = 0;
