@@ -390,6 +390,7 @@ int cmd_merge(CommandContext& ctx) {
     if (!o.full_read && o.catalog.empty())
       throw UsageError("merge: --catalog is required (or --full-read for the naive baseline)");
     check_architectures(spec, allow_crimes, o.pipeline.style);
+    io::check_whole_model_slice(spec);
     (void)io::tokenizer_folder(spec);  // refused now, not after the merge
   });
   ctx.comm.check(failure, "read merge config");

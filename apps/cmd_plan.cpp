@@ -16,6 +16,7 @@
 #include "mergepipe/io/file.hpp"
 #include "mergepipe/io/merge_config.hpp"
 #include "mergepipe/io/output_guard.hpp"
+#include "mergepipe/io/slice_composition.hpp"
 #include "mergepipe/planner.hpp"
 #include "output_style.hpp"
 
@@ -126,6 +127,7 @@ int cmd_plan(CommandContext& ctx) {
     if (!ctx.comm.is_root()) return;
     const MergeSpec spec = io::load_merge_config(o.config);
     for (const std::string& line : spec.config_warnings) print_warning(OutputStyle{}, line);
+    io::check_whole_model_slice(spec);
     if (vm->count("out")) {
       std::vector<io::GuardedInput> inputs{
           {"config", o.config}, {"catalog", o.catalog}, {"base model", spec.base_model}};

@@ -316,6 +316,11 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
       task.plan.thresholds = outcome.run.thresholds;
       task.plan.hash = compute_plan_hash(task.plan);
     }
+    if (!outcome.run.linear_forms.empty()) {
+      // --full-read slerp: each tensor's coefficients came from the data; the plan records them.
+      task.plan.linear_forms = outcome.run.linear_forms;
+      task.plan.hash = compute_plan_hash(task.plan);
+    }
     if (!options.expected_hashes.empty()) {
       for (std::size_t t = 0; t < task.tensors.size(); ++t) {
         auto it = options.expected_hashes.find(task.tensors[t].name);

@@ -32,6 +32,9 @@ class ConfigReader {
  public:
   explicit ConfigReader(std::string source) : source_(std::move(source)) {}
 
+  // Lines for MergeSpec::config_warnings, gathered while reading.
+  mutable std::vector<std::string> warnings;
+
   [[noreturn]] void fail(const YAML::Node& at, const std::string& key,
                          const std::string& why) const {
     std::string where = source_;
@@ -134,9 +137,17 @@ class ConfigReader {
     const auto conditional = [&](const YAML::Node& c, const std::string& k) {
       ParameterSetting::Rule rule;
       bool have_value = false;
-      for (const auto& [ckey, cvalue] : entries(c, k, {"filter", "value"})) {
+      for (const auto& [ckey, cvalue] : entries(c, k, {"filter", "value", "pattern"})) {
         if (ckey == "filter") {
           if (!cvalue.IsNull()) rule.filter = string(cvalue, k + ".filter");
+        } else if (ckey == "pattern") {
+          // mergekit's own gradient-slerp example spells it so, and its config model drops the
+          // key without a word: the entry then matches every tensor. The same here, said aloud.
+          const YAML::Mark mark = cvalue.Mark();
+          warnings.push_back(source_ + (mark.is_null() ? "" : ":" + std::to_string(mark.line + 1)) +
+                             ": '" + k +
+                             ".pattern' is not a key mergekit reads: it drops it, so this entry "
+                             "applies to every tensor, here too (write 'filter' to restrict it)");
         } else {
           rule.values = numbers(cvalue, k + ".value");
           have_value = true;
@@ -272,6 +283,64 @@ void read_passthrough_slices(const ConfigReader& r, const YAML::Node& slices, Me
     if (!have_range) r.fail(source, spath + ".layer_range", "missing");
     spec.slices.push_back(std::move(slice));
   }
+}
+
+// A merge written as one slice whose sources all take the same layers (the form of mergekit's
+// slerp examples): its sources are the models, each with its own parameters, and the range
+// must be every layer of them (checked against the models: check_whole_model_slice). Slices
+// that merge part of the layers, or several slices, are refused.
+YAML::Node whole_model_slice(const ConfigReader& r, const YAML::Node& slices, MergeSpec& spec) {
+  const std::string method(merge_method_name(spec.method));
+  if (!slices.IsSequence() || slices.size() == 0)
+    r.fail(slices, "slices", "expected a list of slices");
+  if (slices.size() != 1) {
+    r.fail(slices, "slices",
+           std::to_string(slices.size()) + " slices merged by " + method +
+               " (per-slice merges) are not supported yet; one slice of every layer of the "
+               "models is, as are passthrough slices (frankenmerges) and 'models'");
+  }
+  std::optional<YAML::Node> sources;
+  for (const auto& [key, value] : r.entries(
+           slices[0], "slices[0]", {"sources", "base_model", "residual_weight", "parameters"})) {
+    if (key == "sources") {
+      sources = value;
+    } else if (!value.IsNull()) {
+      r.fail(value, "slices[0]." + key,
+             "a slice's own " + key + " is not supported yet (give it at the top level)");
+    }
+  }
+  if (!sources) r.fail(slices[0], "slices[0].sources", "missing");
+  if (!sources->IsSequence() || sources->size() == 0)
+    r.fail(*sources, "slices[0].sources", "expected a list of sources");
+  YAML::Node models(YAML::NodeType::Sequence);
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> range;
+  for (std::size_t i = 0; i < sources->size(); ++i) {
+    const YAML::Node source = (*sources)[i];
+    const std::string path = "slices[0].sources[" + std::to_string(i) + "]";
+    YAML::Node model(YAML::NodeType::Map);
+    for (const auto& [key, value] :
+         r.entries(source, path, {"model", "layer_range", "parameters"})) {
+      if (key == "layer_range") {
+        if (!value.IsSequence() || value.size() != 2)
+          r.fail(value, path + ".layer_range", "expected [first, end] (end not included)");
+        const std::pair<std::uint64_t, std::uint64_t> here{
+            r.unsigned_integer(value[0], path + ".layer_range"),
+            r.unsigned_integer(value[1], path + ".layer_range")};
+        if (range && *range != here) {
+          r.fail(value, path + ".layer_range",
+                 "differs from the first source's: merging different layers of the models (a "
+                 "per-slice merge) is not supported yet");
+        }
+        range = here;
+      } else {
+        model[key] = value;
+      }
+    }
+    if (!range) r.fail(source, path + ".layer_range", "missing");
+    models.push_back(model);
+  }
+  spec.merge_layer_range = range;
+  return models;
 }
 
 }  // namespace
@@ -414,14 +483,13 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
   // linear is a weighted average of the models: mergekit needs no base for it. The first model
   // then serves as the reference the others' deltas are taken against.
   const bool passthrough = spec.method == MergeMethod::kPassthrough;
-  if (slices) {
+  if (slices && !passthrough) {
     if (have_models) r.fail(*slices, "slices", "give either 'models' or 'slices', not both");
-    if (!passthrough) {
-      r.fail(*slices, "slices",
-             "slices of layer ranges merged by " + std::string(merge_method_name(spec.method)) +
-                 " (per-slice merges) are not supported yet; passthrough slices "
-                 "(frankenmerges) are, and whole models under 'models'");
-    }
+    models = whole_model_slice(r, *slices, spec);
+    have_models = true;
+  }
+  if (slices && passthrough) {
+    if (have_models) r.fail(*slices, "slices", "give either 'models' or 'slices', not both");
     read_passthrough_slices(r, *slices, spec, model_path);
     if (!have_base) spec.base_model = spec.slices.front().model;
   } else {
@@ -485,6 +553,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
       break;
     }
   }
+  spec.config_warnings.insert(spec.config_warnings.end(), r.warnings.begin(), r.warnings.end());
   fold_constant_settings(spec);
   spec.out_dtype = written_dtype ? written_dtype : compute_dtype;
   if (written_dtype && compute_dtype && *compute_dtype != DType::kF32) {
@@ -521,6 +590,12 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
                                    {gave_lambda, "lambda"},
                                    {gave_normalize, "normalize"}})
     ignored(given && passthrough, key, "it copies tensors; only 'scale' applies");
+  for (const auto& [given, key] : {std::pair{gave_weight, "weight"},
+                                   {gave_density, "density"},
+                                   {gave_lambda, "lambda"},
+                                   {gave_normalize, "normalize"}})
+    ignored(given && spec.method == MergeMethod::kSlerp, key,
+            "it interpolates between the base and the other model by t");
   ignored(gave_int8_mask, "int8_mask",
           "a memory option of mergekit's; masks are never held whole here");
   try {

@@ -125,6 +125,24 @@ SliceComposition compose_slices(const MergeSpec& spec) {
   return out;
 }
 
+void check_whole_model_slice(const MergeSpec& spec) {
+  if (!spec.merge_layer_range) return;
+  const auto [first, end] = *spec.merge_layer_range;
+  std::vector<std::string> models{spec.base_model};
+  for (const ExpertSpec& e : spec.experts) models.push_back(e.path);
+  for (const std::string& m : models) {
+    const std::size_t layers = layer_count(open_checkpoint(m));
+    if (first != 0 || end != layers) {
+      throw UsageError("config: the slice's layer_range [" + std::to_string(first) + ", " +
+                       std::to_string(end) + "] is not every layer of '" + m + "' (it has " +
+                       std::to_string(layers) +
+                       "): merging part of the layers (a per-slice merge) is not supported yet; "
+                       "give [0, " +
+                       std::to_string(layers) + "] or use passthrough slices");
+    }
+  }
+}
+
 std::string rewrite_config_layers(const std::string& config_json, const MergeSpec& spec) {
   nlohmann::ordered_json config;
   try {

@@ -17,6 +17,7 @@ std::optional<MergeMethod> parse_merge_method(std::string_view name) {
   if (name == "dare_ties") return MergeMethod::kDareTies;
   if (name == "nearswap") return MergeMethod::kNearswap;
   if (name == "passthrough") return MergeMethod::kPassthrough;
+  if (name == "slerp") return MergeMethod::kSlerp;
   return std::nullopt;
 }
 
@@ -36,12 +37,14 @@ std::string_view merge_method_name(MergeMethod method) {
       return "nearswap";
     case MergeMethod::kPassthrough:
       return "passthrough";
+    case MergeMethod::kSlerp:
+      return "slerp";
   }
   return "?";
 }
 
 std::string supported_method_names() {
-  return "linear, task_arithmetic, ties, dare_linear, dare_ties, nearswap, passthrough";
+  return "linear, task_arithmetic, ties, dare_linear, dare_ties, nearswap, passthrough, slerp";
 }
 
 bool default_normalize(MergeMethod method) {
@@ -58,6 +61,9 @@ bool uses_sign_election(MergeMethod method) {
 }
 bool uses_dare(MergeMethod method) {
   return method == MergeMethod::kDareLinear || method == MergeMethod::kDareTies;
+}
+bool uses_tensor_statistics(MergeMethod method) {
+  return method == MergeMethod::kSlerp;
 }
 bool has_guaranteed_bound(MergeMethod method) {
   return is_additive(method) || method == MergeMethod::kNearswap ||
@@ -230,8 +236,19 @@ void MergeSpec::validate() const {
       throw UsageError("config: nearswap needs parameter 't' (the similarity threshold)");
     if (t && (!std::isfinite(*t) || *t < 0))
       throw UsageError("config: parameter 't' must be a finite number >= 0");
+  } else if (method == MergeMethod::kSlerp) {
+    if (experts.size() != 1) {
+      throw UsageError(
+          "config: slerp interpolates between the base and one other model, but 'models' lists " +
+          std::to_string(experts.size()) + " besides the base" +
+          (experts.size() > 1 ? " (several models: multislerp, karcher or linear)" : ""));
+    }
+    if (!t && !varying.count("t"))
+      throw UsageError("config: slerp needs parameter 't' (0 keeps the base, 1 the other model)");
+    if (t && !std::isfinite(*t)) throw UsageError("config: parameter 't' is not finite");
   } else if (t || varying.count("t")) {
-    throw UsageError("config: parameter 't' belongs to nearswap; " + name + " does not take it");
+    throw UsageError("config: parameter 't' belongs to nearswap and slerp; " + name +
+                     " does not take it");
   }
   if (rescale && !uses_dare(method) && method != MergeMethod::kTaskArithmetic) {
     throw UsageError("config: parameter 'rescale' applies to dare_linear and dare_ties (" + name +

@@ -53,6 +53,15 @@ std::vector<TensorInfo> MergeTask::output_tensors() const {
   return out;
 }
 
+OperatorConfig::LinearForm linear_form_of(const Plan& plan, std::size_t tensor) {
+  const std::size_t width = plan.expert_count() + 1;
+  const float* row = plan.linear_forms.data() + tensor * width;
+  OperatorConfig::LinearForm form;
+  form.base_scale = row[0];
+  form.alpha.assign(row + 1, row + width);
+  return form;
+}
+
 ExecutionJob make_execution_job(const MergeTask& task, const Blocking& blocking) {
   ExecutionJob job;
   job.blocking = &blocking;
@@ -67,6 +76,13 @@ ExecutionJob make_execution_job(const MergeTask& task, const Blocking& blocking)
   }
   for (const auto& t : task.tensors) job.name_keys.push_back(tensor_name_key(t.name));
   if (uses_magnitude_trim(task.spec.method)) job.thresholds = task.plan.thresholds;
+  if (uses_tensor_statistics(task.spec.method)) {
+    // Each tensor gets its own coefficients: from the plan, or from the data as the run sees it.
+    if (job.tensor_ops.empty()) job.tensor_ops.assign(task.tensors.size(), job.op);
+    if (!task.plan.linear_forms.empty())
+      for (std::size_t t = 0; t < task.tensors.size(); ++t)
+        job.tensor_ops[t].linear_form = linear_form_of(task.plan, t);
+  }
   job.experts = task.experts.size();
   job.admitted = [&task](std::size_t k, std::size_t b) { return task.plan.admitted(k, b); };
   return job;

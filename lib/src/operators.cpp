@@ -344,6 +344,14 @@ std::uint64_t tensor_name_key(std::string_view tensor_name) {
 
 OperatorScalars operator_scalars(const OperatorConfig& cfg) {
   OperatorScalars sc;
+  if (cfg.method == MergeMethod::kSlerp) {
+    if (!cfg.linear_form || cfg.linear_form->alpha.size() != cfg.weights.size())
+      throw std::invalid_argument(
+          "merge operator: slerp needs the tensor's coefficients (from its statistics)");
+    sc.base_scale = cfg.linear_form->base_scale;
+    sc.alpha = cfg.linear_form->alpha;
+    return sc;
+  }
   double weight_sum = 0;
   for (float w : cfg.weights) weight_sum += static_cast<double>(w);
   if (cfg.method == MergeMethod::kLinear) weight_sum += static_cast<double>(cfg.base_weight);

@@ -87,12 +87,13 @@ std::string write_binary(const Plan& plan, bool with_hash_and_timing) {
     if (with_hash_and_timing) {
       ar(p.hash, p.planning_seconds);
       later_fields();
-      ar(p.varying_parameters, has_scale, scale);
+      ar(p.varying_parameters, has_scale, scale, p.linear_forms);
     } else if (!p.rescale || has_t || has_base_weight || p.base_is_reference || varies ||
                has_scale) {
       later_fields();
       if (varies || has_scale) ar(p.varying_parameters);
       if (has_scale) ar(scale);
+      if (!p.linear_forms.empty()) ar(p.linear_forms);  // slerp, which always has t
     }
   }
   return std::move(os).str();
@@ -118,6 +119,9 @@ void check_shape(const Plan& p, const std::string& source) {
   }
   if (!p.thresholds.empty() && p.thresholds.size() != k * p.tensor_count) {
     bad("thresholds are not experts × tensors");
+  }
+  if (!p.linear_forms.empty() && p.linear_forms.size() != (k + 1) * p.tensor_count) {
+    bad("linear_forms are not tensors × (experts + 1)");
   }
   if (p.tensor_names.size() != p.tensor_count || p.tensor_coverage.size() != p.tensor_count) {
     bad("per-tensor lists differ from tensor_count");
@@ -152,7 +156,7 @@ Plan deserialize_plan(const std::string& bytes) {
     ar(p.rescale, has_t, t, has_base_weight, base_weight, p.base_is_reference);
     bool has_scale = false;
     double scale = 1.0;
-    ar(p.varying_parameters, has_scale, scale);
+    ar(p.varying_parameters, has_scale, scale, p.linear_forms);
     if (has_scale) p.scale = scale;
     if (has_t) p.t = t;
     if (has_base_weight) p.base_weight = base_weight;
@@ -377,6 +381,13 @@ json plan_to_json(const Plan& p) {
   for (std::size_t i = 0; i < p.tensor_count; ++i) {
     json t = {{"name", p.tensor_names[i]}};
     t.update(coverage_json(p.tensor_coverage[i]));
+    if (!p.linear_forms.empty()) {
+      const std::size_t width = p.expert_count() + 1;
+      json form = json::array();
+      for (std::size_t c = 0; c < width; ++c)
+        form.push_back(static_cast<double>(p.linear_forms[i * width + c]));
+      t["linear_form"] = std::move(form);
+    }
     tensors.push_back(std::move(t));
   }
   j["tensors"] = std::move(tensors);
@@ -474,6 +485,16 @@ Plan plan_from_json(const json& j, const std::string& source) {
     const std::string path = "tensors[" + std::to_string(i) + "].";
     p.tensor_names.push_back(r.str(tensors[i], "name", path));
     p.tensor_coverage.push_back(r.coverage(tensors[i], path));
+    // slerp's per-tensor coefficients: on every tensor or on none.
+    if (i == 0 && tensors[i].contains("linear_form"))
+      p.linear_forms.assign(p.tensor_count * (k_count + 1), 0.0f);
+    if (p.linear_forms.empty()) continue;
+    const json& form = r.array(tensors[i], "linear_form", k_count + 1, path);
+    for (std::size_t c = 0; c <= k_count; ++c) {
+      const float v = r.threshold(form[c], path + "linear_form[" + std::to_string(c) + "]");
+      if (!std::isfinite(v)) r.fail(path + "linear_form", "not finite");
+      p.linear_forms[i * (k_count + 1) + c] = v;
+    }
   }
   check_shape(p, source);
   if (compute_plan_hash(p) != p.hash) {

@@ -163,6 +163,12 @@ Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest&
         "passthrough copies tensors and merges no expert: there is nothing to "
         "budget (run it without --catalog and --budget)");
   }
+  if (uses_tensor_statistics(spec.method)) {
+    throw UsageError(
+        "slerp's coefficients depend on both models' norms and dot product per tensor, which "
+        "the catalog does not hold yet, so it cannot be budgeted: run it with --full-read (it "
+        "reads the base and the other model once, at the I/O bound)");
+  }
   const bool additive = has_guaranteed_bound(spec.method);
   if (request.max_error) {
     if (!additive) {

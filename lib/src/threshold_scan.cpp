@@ -1,6 +1,7 @@
 #include "mergepipe/threshold_scan.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "mergepipe/dtype.hpp"
 #include "mergepipe/magnitude_sketch.hpp"
@@ -28,7 +29,9 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
   // Each worker owns the experts k with k % workers == worker: no sketch is shared.
   std::vector<std::vector<float>> base(static_cast<std::size_t>(pool.size()),
                                        std::vector<float>(kChunkElems)),
-      delta = base;
+      delta = base, other = base;
+  if (scan.slerp_sums && experts != 1)
+    throw std::invalid_argument("threshold scan: slerp's sums take one expert");
 
   ScanResult result;
   result.sketches.assign(scan.tensors->size(), std::vector<MagnitudeSketch>(experts));
@@ -45,6 +48,7 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
     const std::size_t size = dtype_size(dtype);
     std::vector<MagnitudeSketch>& sketches = result.sketches[blk.tensor];
     std::fill(slice_changed.begin(), slice_changed.end(), 0);
+    SlerpSums* const sums = scan.slerp_sums ? &result.slerp_sums[loaded->block] : nullptr;
     pool.run([&](int worker) {
       const auto w = static_cast<std::size_t>(worker);
       for (std::size_t first = 0; first < slice_elems; first += kChunkElems) {
@@ -55,10 +59,16 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
         for (std::size_t k = w; k < experts; k += static_cast<std::size_t>(pool.size())) {
           const std::byte* expert_bytes = loaded->experts[k].data() + first * size;
           if (unchanged(expert_bytes)) {
-            sketches[k].add_zeros(n);
+            if (scan.sketch) sketches[k].add_zeros(n);
+            if (sums) sums->add_unchanged(base[w].data(), n);  // expert 0's worker, in order
             continue;
           }
           slice_changed[k] = 1;
+          if (sums) {
+            convert_to_f32(dtype, expert_bytes, other[w].data(), n);
+            sums->add(base[w].data(), other[w].data(), n);
+          }
+          if (!scan.sketch) continue;
           if (dtype == DType::kBF16) {
             sketches[k].add_bf16_deltas(expert_bytes, base[w].data(), n);
             continue;

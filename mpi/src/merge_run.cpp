@@ -76,7 +76,9 @@ void unpack_hashes(const std::string& bytes, BlockHashes& into) {
   }
 }
 
-using Thresholds = std::map<std::uint32_t, std::vector<float>>;  // tensor -> per expert
+// What a full read's scan decides per tensor: TIES thresholds (one per expert) or slerp's linear
+// form (base scale, then one alpha per expert).
+using Thresholds = std::map<std::uint32_t, std::vector<float>>;
 
 std::string pack_thresholds(const Thresholds& thresholds) {
   Packer p;
@@ -330,8 +332,13 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   const std::size_t experts = task.experts.size();
   const std::size_t tensor_count = task.tensors.size();
   const std::vector<TensorInfo> out_tensors = task.output_tensors();
+  const bool trims = uses_magnitude_trim(task.spec.method);
+  const bool slerps = uses_tensor_statistics(task.spec.method);
   const bool scan_thresholds_from_data =
-      task.full_read && uses_magnitude_trim(task.spec.method) && task.plan.thresholds.empty();
+      task.full_read &&
+      ((trims && task.plan.thresholds.empty()) || (slerps && task.plan.linear_forms.empty()));
+  // Values per tensor the scan decides (Thresholds).
+  const std::size_t scan_values = slerps ? experts + 1 : experts;
 
   ExecutionJob job = make_execution_job(task, blocking);
   BlockPool buffers;  // one set of block buffers for every stream of this run
@@ -340,7 +347,17 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   job.prefetch_depth = options.prefetch_depth;
   job.slice_bytes = options.read_bytes;
   job.allow_nonfinite = options.allow_nonfinite;
-  if (scan_thresholds_from_data) job.thresholds.assign(experts * tensor_count, 0.0f);
+  if (scan_thresholds_from_data && trims) job.thresholds.assign(experts * tensor_count, 0.0f);
+  // A tensor's scan values, applied to the job before its blocks merge.
+  auto apply_scan_values = [&](std::uint32_t tensor, const std::vector<float>& values) {
+    if (slerps) {
+      OperatorConfig::LinearForm& form = job.tensor_ops[tensor].linear_form.emplace();
+      form.base_scale = values[0];
+      form.alpha.assign(values.begin() + 1, values.end());
+      return;
+    }
+    for (std::size_t k = 0; k < experts; ++k) job.thresholds[k * tensor_count + tensor] = values[k];
+  };
 
   io::global_byte_counters().reset();
   MergeRunResult result;
@@ -437,7 +454,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       if (!comm.is_root()) return;
       const io::JournalContents journal =
           io::read_journals(options.output_dir, static_cast<std::uint32_t>(blocking.blocks.size()),
-                            static_cast<std::uint32_t>(tensor_count), experts);
+                            static_cast<std::uint32_t>(tensor_count), scan_values);
       claims_bytes = pack_hashes(BlockHashes(journal.blocks.begin(), journal.blocks.end()));
       if (scan_thresholds_from_data)
         thresholds_bytes =
@@ -455,8 +472,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     result.blocks_resumed = done.size();
     result.blocks_rejected = claims.size() - done.size();
   }
-  for (const auto& [tensor, values] : thresholds)
-    for (std::size_t k = 0; k < experts; ++k) job.thresholds[k * tensor_count + tensor] = values[k];
+  for (const auto& [tensor, values] : thresholds) apply_scan_values(tensor, values);
 
   // This rank's share of what is left.
   std::vector<std::uint32_t> remaining;
@@ -557,6 +573,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       return;
     }
     ThresholdScan scan;
+    scan.sketch = trims;
+    scan.slerp_sums = slerps;
     scan.blocking = &blocking;
     scan.tensors = &task.tensors;
     for (const ExpertSpec& e : task.spec.experts) scan.densities.push_back(e.density);
@@ -632,8 +650,10 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         if (!thresholds.count(blocking.blocks[b].tensor)) to_scan.push_back(b);
         if (!done.count(b)) to_merge.push_back(b);
       }
-      for (WindowStep& s : window_steps(to_scan, to_merge, footprint, window_bytes,
-                                        held_reader.has_value(), options.speculative_merge))
+      // Speculation guesses thresholds from part of a tensor; slerp's sums have no such guess.
+      for (WindowStep& s :
+           window_steps(to_scan, to_merge, footprint, window_bytes, held_reader.has_value(),
+                        options.speculative_merge && trims))
         steps.push_back({w, std::move(s)});
     }
     // A recheck step's blocks are known once its window's guesses are checked.
@@ -691,6 +711,46 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         return !unchanged_pairs[std::size_t{b} * experts + k];
       });
     };
+    // slerp: every rank's per-block sums of window w, summed per tensor in block order (so the
+    // same whatever the split), decide each tensor's coefficients. Collective.
+    auto combine_slerp_sums = [&](std::size_t w, const ScanResult& part) {
+      Packer mine_packed;
+      for (const auto& [block, sums] : part.slerp_sums) {
+        mine_packed.put(block);
+        mine_packed.put(sums.base_sq);
+        mine_packed.put(sums.other_sq);
+        mine_packed.put(sums.dot);
+      }
+      std::map<std::uint32_t, SlerpSums> by_block;
+      for (const std::string& p : comm.allgather(mine_packed.out, "combine slerp sums")) {
+        Unpacker u(p, "merge: slerp sums");
+        while (!u.done()) {
+          const auto block = u.get<std::uint32_t>();
+          SlerpSums& into = by_block[block];
+          into.base_sq = u.get<double>();
+          into.other_sq = u.get<double>();
+          into.dot = u.get<double>();
+        }
+      }
+      for (std::uint32_t t : windows[w]) {
+        if (thresholds.count(t)) continue;
+        SlerpSums whole;
+        for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i) {
+          const auto it = by_block.find(blocking.first_block[t] + i);
+          if (it == by_block.end())
+            throw IoError("merge: slerp sums of a block of tensor '" + task.tensors[t].name +
+                          "' were lost in the gather");
+          whole += it->second;
+        }
+        const OperatorConfig::LinearForm form =
+            slerp_linear_form(slerp_decision(whole, job.op_for(t).t));
+        std::vector<float> values{form.base_scale};
+        values.insert(values.end(), form.alpha.begin(), form.alpha.end());
+        if (comm.is_root()) journal.thresholds(t, values);
+        apply_scan_values(t, values);
+        scanned[t] = std::move(values);
+      }
+    };
     // Combines every rank's part of window w's sketches (integer counts, so the result does not
     // depend on how a tensor was split) into the thresholds of its tensors. Collective.
     auto combine_sketches = [&](std::size_t w, const ScanResult& part) {
@@ -698,6 +758,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       auto part_of = [&](std::uint32_t t, std::size_t k) -> const MagnitudeSketch& {
         return part.sketches.empty() || part.sketches[t].empty() ? none : part.sketches[t][k];
       };
+      if (slerps) return combine_slerp_sums(w, part);
       Packer mine_packed;
       for (std::uint32_t t : windows[w]) {
         if (thresholds.count(t)) continue;
@@ -725,7 +786,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         for (std::size_t k = 0; k < experts; ++k)
           values[k] = whole[t][k].threshold(scan.density(t, k));
         if (comm.is_root()) journal.thresholds(t, values);
-        for (std::size_t k = 0; k < experts; ++k) job.thresholds[k * tensor_count + t] = values[k];
+        apply_scan_values(t, values);
         scanned[t] = std::move(values);
       }
     };
@@ -810,6 +871,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
                 if (!own_sketches.count(t)) own_sketches[t] = scanned_part.sketches[t];
               }
             scan_read_wait += scanned_part.read_wait_seconds;
+            part.slerp_sums.merge(scanned_part.slerp_sums);  // blocks are scanned once
             if (part.sketches.empty()) part.sketches.resize(tensor_count);
             for (std::uint32_t t : windows[w]) {
               std::vector<MagnitudeSketch>& into = part.sketches[t];
@@ -891,10 +953,13 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       if (known.size() != tensor_count)
         throw IoError("merge: thresholds of " + std::to_string(tensor_count - known.size()) +
                       " tensors were lost in the gather");
-      result.thresholds.assign(experts * tensor_count, 0.0f);
+      std::vector<float>& out = slerps ? result.linear_forms : result.thresholds;
+      out.assign(scan_values * tensor_count, 0.0f);
       for (const auto& [tensor, values] : known)
-        for (std::size_t k = 0; k < experts; ++k)
-          result.thresholds[k * tensor_count + tensor] = values[k];
+        for (std::size_t k = 0; k < scan_values; ++k) {
+          // thresholds are [expert][tensor], linear forms [tensor][value]
+          out[slerps ? tensor * scan_values + k : k * tensor_count + tensor] = values[k];
+        }
     }
   }
 

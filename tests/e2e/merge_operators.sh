@@ -95,7 +95,7 @@ sed '/parameters: {t/d' nearswap.yaml >ns-no-t.yaml
 expect_exit 2 "ns-no-t\.yaml: config: nearswap needs parameter 't'" run_np 1 merge ns-no-t.yaml \
   --catalog cat1 --out ns-bad
 sed 's/merge_method: nearswap/merge_method: ties/' nearswap.yaml >ns-ties.yaml
-expect_exit 2 "config: parameter 't' belongs to nearswap; ties does not take it" run_np 1 merge \
+expect_exit 2 "config: parameter 't' belongs to nearswap and slerp; ties does not take it" run_np 1 merge \
   ns-ties.yaml --catalog cat1 --out ns-bad
 { sed '/^parameters/,$d' nearswap.yaml; echo "  - model: fam/expert01"; echo "parameters: {t: 0.002}"; } >ns-two.yaml
 expect_exit 2 "config: nearswap merges one model into the base, but 'models' lists 2" run_np 1 merge \

@@ -96,9 +96,27 @@ merge_method: passthrough
 YAML
 expect_exit 2 "two\.yml:3: key 'slices\[0\]\.sources': passthrough copies one source per slice; a slice of 2 sources merges them" \
   "$MERGEPIPE" merge two.yml x
-sed 's/merge_method: passthrough/merge_method: ties/' two.yml >ties-slices.yml
-expect_exit 2 "key 'slices': slices of layer ranges merged by ties \(per-slice merges\) are not supported yet" \
+# A method's merge written as one slice of every layer (mergekit's slerp examples) is the merge of
+# its sources, bit for bit the same as under 'models'; part of the layers, several slices, or
+# sources with different ranges are per-slice merges: refused.
+{ sed 's/merge_method: passthrough/merge_method: task_arithmetic/' two.yml; echo "base_model: fam/base"; } >ta-slice.yml
+printf 'merge_method: task_arithmetic
+base_model: fam/base
+models: [fam/base, fam/expert00]
+' >ta-models.yml
+"$MERGEPIPE" merge ta-slice.yml ta-slice --full-read --quiet
+"$MERGEPIPE" merge ta-models.yml ta-models --full-read --quiet
+same_model_files ta-slice ta-models
+sed 's/\[0, 6\]/[0, 4]/g' ta-slice.yml >ta-part.yml
+expect_exit 2 "layer_range \[0, 4\] is not every layer of .* \(it has 6\)" \
+  "$MERGEPIPE" merge ta-part.yml x --full-read
+sed '0,/\[0, 6\]/s//[0, 3]/' ta-slice.yml >ta-ranges.yml
+expect_exit 2 "slices\[0\]\.sources\[1\]\.layer_range': differs from the first source's" \
+  "$MERGEPIPE" merge ta-ranges.yml x --full-read
+sed 's/^merge_method: passthrough/merge_method: ties\nbase_model: fam\/base/' franken.yml >ties-slices.yml
+expect_exit 2 "key 'slices': 2 slices merged by ties \(per-slice merges\) are not supported yet" \
   "$MERGEPIPE" merge ties-slices.yml x
+expect_no_output x
 printf 'merge_method: passthrough\nmodels: [fam/base, fam/expert00]\n' >many.yml
 expect_exit 2 "passthrough copies one model's tensors \(or slices of layers\), but 'models' lists 2" \
   "$MERGEPIPE" merge many.yml x

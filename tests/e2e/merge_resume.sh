@@ -84,6 +84,20 @@ run_np 2 merge ties.yaml --full-read --block-bytes 256KiB --out res-full --quiet
 same_model_files ref-full res-full
 [[ "$(json_get res-full/mergepipe.manifest.json plan_hash)" == "$(json_get ref-full/mergepipe.manifest.json plan_hash)" ]] ||
   fail "the resumed full read recorded other thresholds"
+# --full-read slerp: each tensor's coefficients come from the scan too, and are journaled.
+cat >slerp.yaml <<YAML
+merge_method: slerp
+base_model: fam/base
+models:
+  - model: fam/expert01
+parameters: {t: 0.4}
+YAML
+run_np 2 merge slerp.yaml --full-read --block-bytes 256KiB --out ref-slerp --quiet
+kill_part_way 2 res-slerp slerp.yaml --full-read --block-bytes 256KiB
+run_np 3 merge slerp.yaml --full-read --block-bytes 256KiB --out res-slerp --quiet
+same_model_files ref-slerp res-slerp
+[[ "$(json_get res-slerp/mergepipe.manifest.json plan_hash)" == "$(json_get ref-slerp/mergepipe.manifest.json plan_hash)" ]] ||
+  fail "the resumed slerp recorded other coefficients"
 
 # What the journal claims is checked: with the staged shard's data destroyed, every claim is
 # rejected and the block merged again.

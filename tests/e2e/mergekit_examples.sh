@@ -90,11 +90,24 @@ HF_HOME="$TEST_SCRATCH/hf40" expect_exit 2 "passthrough copies tensors and merge
   "$MERGEPIPE" plan --config orcamini-platy-44layer.yml --catalog cat-ties
 echo "orcamini-platy-44layer.yml: ok"
 
-# Not built yet: slerp (and per-slice merges). One line.
+# slerp, written as one slice of all 40 layers of both models, with mergekit's 'pattern:' key
+# (which mergekit drops, so its first t gradient applies to every tensor: said as a warning). Its
+# coefficients need whole-tensor statistics: a full read; a budget is refused with the reason.
 cp "$EXAMPLES/gradient-slerp.yml" .
-expect_exit 2 "^mergepipe: error: gradient-slerp\.yml:7: key 'merge_method': unsupported method 'slerp'" \
-  "$MERGEPIPE" merge gradient-slerp.yml out-slerp --full-read
-[[ $(wc -l <"$TEST_SCRATCH/err.txt") -eq 1 ]] || fail "gradient-slerp: more than one line: $(cat "$TEST_SCRATCH/err.txt")"
+HF_HOME="$TEST_SCRATCH/hf40" run_np 2 merge gradient-slerp.yml slerp40 --full-read 2>slerp40.err >/dev/null
+grep -q "t\[0\]\.pattern' is not a key mergekit reads" slerp40.err || fail "no warning about 'pattern': $(cat slerp40.err)"
+HF_HOME="$TEST_SCRATCH/hf40" "$PYTHON" "$REF" gradient-slerp.yml slerp40
+HF_HOME="$TEST_SCRATCH/hf40" run_np 3 merge gradient-slerp.yml slerp40-3 --full-read --quiet
+same_model_files slerp40 slerp40-3
+HF_HOME="$TEST_SCRATCH/hf40" run_np 1 catalog --base "$(HF_HOME=$TEST_SCRATCH/hf40 cache_model psmathur/orca_mini_v3_13b fam40/base)" \
+  --experts "$(HF_HOME=$TEST_SCRATCH/hf40 cache_model garage-bAInd/Platypus2-13B fam40/expert00)" --out cat-slerp >/dev/null
+HF_HOME="$TEST_SCRATCH/hf40" expect_exit 2 "slerp's coefficients depend on both models' norms" \
+  "$MERGEPIPE" plan --config gradient-slerp.yml --catalog cat-slerp --budget 40%
+# The slice must be every layer: [0, 20] of 40-layer models is a per-slice merge.
+sed 's/layer_range: \[0, 40\]/layer_range: [0, 20]/' gradient-slerp.yml >slerp-half.yml
+HF_HOME="$TEST_SCRATCH/hf40" expect_exit 2 "layer_range \[0, 20\] is not every layer of .* \(it has 40\)" \
+  "$MERGEPIPE" merge slerp-half.yml slerp-half --full-read
+echo "gradient-slerp.yml: ok"
 
 # An id that is not in the cache: what to do about it, in one line.
 sed 's|BioMistral/BioMistral-7B|BioMistral/BioMistral-7B-DARE|' bio-merge.yml >missing.yml

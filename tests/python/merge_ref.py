@@ -123,7 +123,12 @@ def main():
     method = cfg["merge_method"]
     params = cfg.get("parameters", {}) or {}
     normalize = params.get("normalize", method in ("linear", "ties"))
-    models = [m if isinstance(m, dict) else {"model": m} for m in cfg["models"]]
+    if "slices" in cfg:
+        # One slice of every layer (mergekit's slerp examples): its sources are the models.
+        assert len(cfg["slices"]) == 1, "the reference takes one whole-model slice"
+        models = [{k: v for k, v in src.items() if k != "layer_range"} for src in cfg["slices"][0]["sources"]]
+    else:
+        models = [m if isinstance(m, dict) else {"model": m} for m in cfg["models"]]
     # linear without base_model (mergekit allows it): the plain weighted average of the models.
     average_only = "base_model" not in cfg
     base = read_folder(resolve(cfg["base_model"] if not average_only else models[0]["model"]))
@@ -132,7 +137,7 @@ def main():
     experts = [read_folder(resolve(m["model"])) for m in models]
     merged = read_folder(merged_dir)
     where = positions(list(base))
-    worst = 0.0
+    worst = rel_l2 = 0.0
     for name, (theta0, _) in base.items():
         t_pos = where[name]
         weights = [lookup(m.get("parameters"), params, "weight", name, t_pos, 1.0) for m in models]
@@ -178,6 +183,21 @@ def main():
             t = np.float32(lookup(None, params, "t", name, t_pos, None))
             w = np.clip(t / np.maximum(np.abs(theta0 - other), np.float32(1e-6)), 0, 1).astype(np.float32)
             ref = w * other + (np.float32(1) - w) * theta0
+        elif method == "slerp":
+            # mergekit's slerp on the flattened tensors, in float64: each normalised unless its
+            # norm is <= 1e-8, lerp when |cos| > 0.9995, else s0*base + s1*other.
+            other = experts[0][name][0]
+            t = float(lookup(None, params, "t", name, t_pos, None))
+            a, b = theta0.astype(np.float64), other.astype(np.float64)
+            na, nb = np.linalg.norm(a), np.linalg.norm(b)
+            cos = float(np.sum((a / na if na > 1e-8 else a) * (b / nb if nb > 1e-8 else b)))
+            if abs(cos) > 0.9995:
+                s0, s1 = 1.0 - t, t
+            else:
+                omega = math.acos(cos)
+                s0, s1 = math.sin((1 - t) * omega) / math.sin(omega), math.sin(t * omega) / math.sin(omega)
+            ref = s0 * a + s1 * b
+            terms = np.abs(s0 * a) + np.abs(s1 * b)  # fp32 rounding scales with these
         else:
             ref = None
         if ref is None:
@@ -189,11 +209,16 @@ def main():
             tol = np.abs(ref) * 2.0 ** -11 + 2.0 ** -25  # one fp16 rounding (subnormals too)
         else:
             tol = np.abs(ref) * 2e-6 + 1e-9 * max(1.0, float(np.abs(theta0).max(initial=0)))
+        if method == "slerp":
+            tol = tol + terms * 2.0 ** -21  # (s0 + s1)*base + s1*delta in fp32: a few ulps of the terms
         err = np.abs(got.astype(np.float32) - ref)
         if np.any(err > tol):
             i = int(np.argmax(err - tol))
             raise SystemExit(f"{method}: tensor {name} differs at flat index {i}: got {got.ravel()[i]!r}, reference {ref.ravel()[i]!r}")
         worst = max(worst, float((err / np.maximum(np.abs(ref), 1e-30)).max(initial=0)))
+        ref_norm = float(np.linalg.norm(ref.astype(np.float64)))
+        if ref_norm > 0:
+            rel_l2 = max(rel_l2, float(np.linalg.norm(err.astype(np.float64))) / ref_norm)
     if method.startswith("dare"):
         # One-expert DARE: out - base is 0 or lambda*w*delta/density (delta without rescale).
         assert len(experts) == 1, "the DARE check needs a single expert"
@@ -216,7 +241,10 @@ def main():
         sigma = math.sqrt(densities[0] * (1 - densities[0]) / changed)
         print(f"dare: kept fraction {frac:.4f} of {changed} non-zero deltas, density {densities[0]} (sigma {sigma:.4f})")
         assert abs(frac - densities[0]) < 5 * sigma + 1e-3, (frac, densities[0])
-    print(f"{method}: matches the numpy reference (worst relative error {worst:.3g})")
+    if method == "slerp" and all(merged[n][1] == "F32" for n in base):
+        assert rel_l2 <= 1e-6, f"slerp: relative L2 {rel_l2:.3g} above 1e-6"
+    print(f"{method}: matches the numpy reference (worst relative error {worst:.3g}, "
+          f"worst tensor relative L2 {rel_l2:.3g})")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@
 #include "mergepipe/layer_names.hpp"
 #include "mergepipe/operators.hpp"
 #include "mergepipe/parameter_setting.hpp"
+#include "mergepipe/slerp.hpp"
 
 using namespace mergepipe;
 using nlohmann::json;
@@ -61,8 +62,9 @@ const std::map<std::string, std::string>& skipped_cases() {
 
 // Methods whose operator does not exist yet (issue 38); their cases are counted, not checked.
 bool method_missing(const std::string& method) {
-  static const std::vector<std::string> available = {"linear",      "task_arithmetic", "ties",
-                                                     "dare_linear", "dare_ties",       "nearswap"};
+  static const std::vector<std::string> available = {
+      "linear",    "task_arithmetic", "ties",        "dare_linear",
+      "dare_ties", "nearswap",        "passthrough", "slerp"};
   return std::find(available.begin(), available.end(), method) == available.end();
 }
 
@@ -112,6 +114,14 @@ Replay replay_inputs(const json& c) {
   std::vector<std::string> names = c["expert_names"].get<std::vector<std::string>>();
   std::vector<std::vector<float>> models;
   for (const json& e : c["experts"]) models.push_back(flat(e));
+  if (c["method"] == "passthrough") {
+    // A copy of its one model, times its scale: no delta.
+    r.base = models.front();
+    r.cfg.method = MergeMethod::kPassthrough;
+    const json& scale = per_model[names.front()]["scale"];
+    if (!scale.is_null()) r.cfg.scale = static_cast<float>(as_number(scale));
+    return r;
+  }
   if (c["base_model"].is_null()) {
     r.base = models.front();
   } else {
@@ -128,6 +138,7 @@ Replay replay_inputs(const json& c) {
   r.cfg.lambda = global.contains("lambda") ? as_number(global["lambda"]) : 1.0;
   if (global.contains("t")) r.cfg.t = static_cast<float>(as_number(global["t"]));
   if (global.contains("rescale")) r.cfg.rescale = as_number(global["rescale"]) != 0.0;
+  if (c["method"] == "slerp") r.cfg.t = static_cast<float>(as_number(global["t"]));
   for (std::size_t k = 0; k < names.size(); ++k) {
     const json& p = per_model[names[k]];
     r.cfg.weights.push_back(p.contains("weight") && !p["weight"].is_null()
@@ -203,6 +214,22 @@ TEST(GoldenMergekit, EveryDeterministicCaseOfAnAvailableMethodMatches) {
         ++combine_only;
       }
     }
+    if (method == "slerp") {
+      // The tensor's sums (what the engine accumulates block by block), then its linear form.
+      SlerpSums sums;
+      const std::vector<float> other = flat(c["experts"][0]);
+      sums.add(r.base.data(), other.data(), other.size());
+      const SlerpDecision d =
+          slerp_decision(sums, as_number(c["resolved_parameters"]["global"]["t"]));
+      const json& mid = c["intermediates"];
+      EXPECT_EQ(d.lerp, mid["branch"] != "slerp") << id << ": " << mid["branch"];
+      EXPECT_NEAR(d.cos_omega, mid["dot_of_normalized"].get<double>(), 1e-6) << id;
+      if (!d.lerp) {
+        EXPECT_NEAR(d.s0, mid["s0"].get<double>(), 1e-6) << id;
+        EXPECT_NEAR(d.s1, mid["s1"].get<double>(), 1e-6) << id;
+      }
+      r.cfg.linear_form = slerp_linear_form(d);
+    }
     const std::vector<float> want = flat(c["expected"]);
     const std::vector<float> got = run(r, thresholds);
     ASSERT_EQ(got.size(), want.size()) << id;
@@ -211,10 +238,10 @@ TEST(GoldenMergekit, EveryDeterministicCaseOfAnAvailableMethodMatches) {
     ++checked_per_method[method];
   }
   // Every available method is exercised, and nothing is skipped without a listed reason.
-  for (const char* m :
-       {"linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "nearswap"})
+  for (const char* m : {"linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "nearswap",
+                        "passthrough", "slerp"})
     EXPECT_GT(checked_per_method[m], 0u) << m;
-  EXPECT_GE(checked, 51u);
+  EXPECT_GE(checked, 74u);
   RecordProperty("checked", static_cast<int>(checked));
   RecordProperty("skipped", static_cast<int>(skipped));
   RecordProperty("missing_method", static_cast<int>(missing));

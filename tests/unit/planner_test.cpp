@@ -115,7 +115,8 @@ double reference_gain(const RandomCase& rc, std::size_t k, std::size_t b,
       return a * trimmed_norm_estimate(s, rc.catalog.experts[k].sketches[t].threshold(d));
     }
     case MergeMethod::kPassthrough:
-      return 0.0;  // no expert: never planned
+    case MergeMethod::kSlerp:
+      return 0.0;  // no expert, or read whole (--full-read): never planned
   }
   return 0.0;
 }

@@ -20,7 +20,8 @@ enum class MergeMethod {
   kDareLinear,
   kDareTies,
   kNearswap,
-  kPassthrough
+  kPassthrough,
+  kSlerp
 };
 
 std::optional<MergeMethod> parse_merge_method(std::string_view name);
@@ -35,6 +36,9 @@ bool uses_dare(MergeMethod method);            // dare_linear, dare_ties: Bernou
 // True when the omitted-update bound Σ|α_k|·‖Δ_k omitted‖ is a guarantee: the additive methods,
 // and nearswap, whose term w·Δ (0 ≤ w ≤ 1) is never larger than Δ.
 bool has_guaranteed_bound(MergeMethod method);
+// True for methods whose coefficients come from statistics of whole tensors (slerp: both
+// models' norms and their dot product), known only once every block of a tensor was seen.
+bool uses_tensor_statistics(MergeMethod method);
 // The methods' names, comma separated, for messages.
 std::string supported_method_names();
 
@@ -67,11 +71,15 @@ struct MergeSpec {
   std::uint64_t seed = 0;
   std::optional<std::string> budget;  // as written ("25%", "12GiB", ...)
   std::optional<bool> rescale;        // DARE: divide kept deltas by the density (default true)
-  std::optional<double> t;            // nearswap: the similarity threshold (required there)
-  std::optional<double> scale;        // passthrough: a factor on every copied value
+  std::optional<double> t;  // nearswap: the similarity threshold; slerp: the interpolation point
+  std::optional<double> scale;  // passthrough: a factor on every copied value
   // passthrough: the output's layers from these slices in order (the embeddings from the first
   // slice's model, the final norm and head from the last's); empty: base_model copied whole.
   std::vector<SliceSource> slices;
+  // A merge written as one slice of layers [first, end) of every model (mergekit's slerp
+  // examples): checked on rank 0 to be all of the models' layers (io::check_whole_model_slice)
+  // before the task is built; not sent to the ranks.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> merge_layer_range;
   // linear: the base's own weight when it takes part in the average (listed among the models,
   // or the reference model of a config without base_model); unset: the base is not averaged.
   std::optional<double> base_weight;

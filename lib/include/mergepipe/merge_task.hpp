@@ -33,6 +33,9 @@ struct MergeTask {
   std::vector<TensorInfo> output_tensors() const;  // tensors with out_dtypes applied
 };
 
+// Tensor `tensor`'s slerp coefficients as a plan records them (plan.linear_forms non-empty).
+OperatorConfig::LinearForm linear_form_of(const Plan& plan, std::size_t tensor);
+
 // The executor's view of a task over its blocking (which must outlive the job, as must the task).
 ExecutionJob make_execution_job(const MergeTask& task, const Blocking& blocking);
 

@@ -84,6 +84,10 @@ struct Plan {
   // sketch; 0 when the method does not trim by magnitude. Row-major [expert][tensor]. Empty
   // only in a --full-read TIES plan before its thresholds are computed from the data.
   std::vector<float> thresholds;
+  // slerp: per tensor, the linear form merge_block applies (base_scale, then alpha per expert:
+  // tensor_count × (experts + 1), row-major), computed from the data by the --full-read pass.
+  // Empty for the other methods, and before that pass.
+  std::vector<float> linear_forms;
   std::vector<Coverage> expert_coverage;  // per plan expert
   std::vector<std::string> tensor_names;  // catalog tensor order
   std::vector<Coverage> tensor_coverage;  // per tensor, over all plan experts

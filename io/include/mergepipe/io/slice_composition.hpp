@@ -20,6 +20,11 @@ struct SliceComposition {
 // model's layers; InputError for slices whose layers differ in tensors, shapes or dtypes.
 SliceComposition compose_slices(const MergeSpec& spec);
 
+// A merge given as one slice of layers [first, end) of every model (merge_layer_range): a
+// UsageError unless that is every layer of each model (per-slice merges of part of the layers
+// are not supported yet). Nothing to check without it.
+void check_whole_model_slice(const MergeSpec& spec);
+
 // The output's config.json: `config_json` (the base's) with num_hidden_layers the slices' total
 // and, when the sources' configs list `layer_types` per layer, that list for the output's
 // layers. InputError naming the file when a config is not valid JSON.
