@@ -376,6 +376,19 @@ int cmd_merge(CommandContext& ctx) {
       }
       o.full_read = true;
     }
+    if (uses_tensor_statistics(spec.method)) {
+      // slerp cannot be budgeted (yet): it reads both models once; a budget says why not.
+      for (const char* flag : {"catalog", "budget", "max-error"}) {
+        if (vm->count(flag)) {
+          throw UsageError(o.config + ": --" + flag +
+                           ": slerp's coefficients depend on both models' norms and dot product "
+                           "per tensor, which the catalog does not hold yet, so it cannot be "
+                           "budgeted; it runs as a full read (drop --" +
+                           flag + ")");
+        }
+      }
+      o.full_read = true;
+    }
     o.pipeline.folder.config_text = io::read_text_file(o.config);
     std::vector<io::GuardedInput> inputs{{"config", o.config}, {"base model", spec.base_model}};
     for (const auto& e : spec.experts) inputs.push_back({"expert", e.path});

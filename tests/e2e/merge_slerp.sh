@@ -85,8 +85,13 @@ run_np 2 merge slerp-grad.yaml --full-read --out sg-2 --quiet
 
 # A budget needs statistics the catalog does not hold: refused, saying what to run.
 "$MERGEPIPE" catalog --base fam/base --experts fam/expert00 --out cat >/dev/null
-expect_exit 2 "slerp's coefficients depend on both models' norms.*--full-read" \
+expect_exit 2 "slerp\.yaml: --catalog: slerp's coefficients depend on both models' norms.*runs as a full read" \
   run_np 1 merge slerp.yaml --catalog cat --budget 50% --out s-bad
+expect_exit 2 "slerp's coefficients depend on both models' norms.*--full-read" \
+  "$MERGEPIPE" plan --config slerp.yaml --catalog cat --budget 50%
+# Without a flag it runs as the full read it is (as mergekit-yaml CONFIG OUT would).
+run_np 2 merge slerp.yaml s-plain --quiet
+same_model_files s-2 s-plain
 # mergekit's rules: one other model, and t.
 { sed '/^parameters/,$d' slerp.yaml; echo "  - model: fam/expert01"; echo "parameters: {t: 0.5}"; } >slerp-three.yaml
 expect_exit 2 "slerp interpolates between the base and one other model, but 'models' lists 2" \

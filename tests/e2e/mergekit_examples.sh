@@ -97,7 +97,7 @@ cp "$EXAMPLES/gradient-slerp.yml" .
 HF_HOME="$TEST_SCRATCH/hf40" run_np 2 merge gradient-slerp.yml slerp40 --full-read 2>slerp40.err >/dev/null
 grep -q "t\[0\]\.pattern' is not a key mergekit reads" slerp40.err || fail "no warning about 'pattern': $(cat slerp40.err)"
 HF_HOME="$TEST_SCRATCH/hf40" "$PYTHON" "$REF" gradient-slerp.yml slerp40
-HF_HOME="$TEST_SCRATCH/hf40" run_np 3 merge gradient-slerp.yml slerp40-3 --full-read --quiet
+HF_HOME="$TEST_SCRATCH/hf40" run_np 3 merge gradient-slerp.yml slerp40-3 --quiet  # as mergekit-yaml CONFIG OUT
 same_model_files slerp40 slerp40-3
 HF_HOME="$TEST_SCRATCH/hf40" run_np 1 catalog --base "$(HF_HOME=$TEST_SCRATCH/hf40 cache_model psmathur/orca_mini_v3_13b fam40/base)" \
   --experts "$(HF_HOME=$TEST_SCRATCH/hf40 cache_model garage-bAInd/Platypus2-13B fam40/expert00)" --out cat-slerp >/dev/null
