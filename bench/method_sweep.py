@@ -18,6 +18,8 @@ import statistics
 import subprocess
 import time
 
+from run import buffered_write_seconds  # bench/run.py, beside this script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {"OMPI_MCA_pml": "^cm", **os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1",
        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
@@ -113,18 +115,7 @@ def print_bound(a, row):
         s = json.loads(r.stdout)["seconds"]
         best = s if best is None else min(best, s)
     out_bytes = m["bytes_read"]["output_written"]
-    path = os.path.join(a.dir, "write-probe.bin")
-    block = b"\x5a" * (16 << 20)
-    t0 = time.monotonic()
-    with open(path, "wb") as f:
-        left = out_bytes
-        while left > 0:
-            f.write(block[: min(left, len(block))])
-            left -= len(block)
-        f.flush()
-        os.fsync(f.fileno())
-    write_s = time.monotonic() - t0
-    os.remove(path)
+    write_s = buffered_write_seconds(os.path.join(a.dir, "write-probe.bin"), out_bytes)
     bound = best + write_s
     wall = statistics.median(row["wall"])
     rss = m.get("peak_rss_bytes", 0) / 2**20

@@ -60,6 +60,23 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+def buffered_write_seconds(path, nbytes):
+    """Seconds to write a new file of `nbytes` through the page cache in 16 MiB writes and
+    fsync it (the file is removed after)."""
+    block = b"\x5a" * (16 << 20)
+    t0 = time.monotonic()
+    with open(path, "wb") as f:
+        left = nbytes
+        while left > 0:
+            f.write(block[: min(left, len(block))])
+            left -= len(block)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.monotonic() - t0
+    os.remove(path)
+    return seconds
+
+
 def tree_bytes(path):
     return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
 
@@ -160,19 +177,7 @@ class Bench:
         """Writes and fsyncs an output-sized file twice: through the page cache in 16 MiB writes,
         and with O_DIRECT in 16 MiB writes from 2 threads (how the merges write their shards).
         The faster is the storage write bandwidth of this moment."""
-        path = os.path.join(self.a.dir, "write-probe.bin")
-        step = 16 << 20
-        block = b"\x5a" * step
-        t0 = time.monotonic()
-        with open(path, "wb") as f:
-            left = nbytes
-            while left > 0:
-                f.write(block[: min(left, len(block))])
-                left -= len(block)
-            f.flush()
-            os.fsync(f.fileno())
-        buffered_s = time.monotonic() - t0
-        os.remove(path)
+        buffered_s = buffered_write_seconds(os.path.join(self.a.dir, "write-probe.bin"), nbytes)
         direct_bytes, direct_s = self.direct_write(nbytes)
         log(f"   write {nbytes / 1e9:.2f} GB: buffered+fsync {nbytes / buffered_s / 1e9:.2f} GB/s, "
             f"direct {direct_bytes / direct_s / 1e9:.2f} GB/s")
