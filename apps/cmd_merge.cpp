@@ -377,12 +377,11 @@ int cmd_merge(CommandContext& ctx) {
       o.full_read = true;
     }
     if (uses_tensor_statistics(spec.method)) {
-      // slerp cannot be budgeted (yet): it reads both models once; a budget says why not.
+      // These cannot be budgeted (yet): they read every model once; a budget says why not.
       for (const char* flag : {"catalog", "budget", "max-error"}) {
         if (vm->count(flag)) {
-          throw UsageError(o.config + ": --" + flag +
-                           ": slerp's coefficients depend on both models' norms and dot product "
-                           "per tensor, which the catalog does not hold yet, so it cannot be "
+          throw UsageError(o.config + ": --" + flag + ": " + tensor_statistics_needed(spec.method) +
+                           ", which the catalog does not hold yet, so it cannot be "
                            "budgeted; it runs as a full read (drop --" +
                            flag + ")");
         }

@@ -317,7 +317,8 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
       task.plan.hash = compute_plan_hash(task.plan);
     }
     if (!outcome.run.linear_forms.empty()) {
-      // --full-read slerp: each tensor's coefficients came from the data; the plan records them.
+      // --full-read Gram method: each tensor's coefficients came from the data; the plan records
+      // them.
       task.plan.linear_forms = outcome.run.linear_forms;
       task.plan.hash = compute_plan_hash(task.plan);
     }

@@ -381,6 +381,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
   // Parameters given explicitly (a key that changes nothing for the method is reported).
   bool gave_lambda = false, gave_normalize = false, gave_density = false, gave_weight = false,
        gave_rescale = false, gave_int8_mask = false;
+  std::optional<bool> normalize_weights;  // multislerp's name for normalize
   bool have_method = false, have_base = false, have_models = false;
   std::optional<DType> compute_dtype, written_dtype;
   std::optional<YAML::Node> tokenizer_source, slices;
@@ -406,9 +407,10 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
       have_models = true;
     } else if (key == "parameters") {
       if (value.IsNull()) continue;
-      for (const auto& [pkey, pvalue] : r.entries(value, key,
-                                                  {"normalize", "lambda", "weight", "density",
-                                                   "rescale", "t", "int8_mask", "scale"})) {
+      for (const auto& [pkey, pvalue] :
+           r.entries(value, key,
+                     {"normalize", "lambda", "weight", "density", "rescale", "t", "int8_mask",
+                      "scale", "normalize_weights", "max_iter", "tol", "eps", "filter_wise"})) {
         const std::string full = key + "." + pkey;
         gave_lambda |= pkey == "lambda";
         gave_normalize |= pkey == "normalize";
@@ -421,6 +423,10 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
         // mergekit's int8_mask stores its sign masks as int8 to save memory; the merge is the
         // same, and masks here are never materialised: accepted, it changes nothing.
         if (pkey == "int8_mask") (void)r.flag(pvalue, full);
+        if (pkey == "normalize_weights") normalize_weights = r.flag(pvalue, full);
+        if (pkey == "filter_wise") spec.method_options[pkey] = r.flag(pvalue, full) ? 1.0 : 0.0;
+        if (pkey == "max_iter" || pkey == "tol" || pkey == "eps")
+          spec.method_options[pkey] = r.number(pvalue, full);
         if (pkey == "t" || pkey == "lambda" || pkey == "weight" || pkey == "density" ||
             pkey == "scale")
           spec.varying[pkey] = r.setting(pvalue, full);
@@ -493,10 +499,13 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
     read_passthrough_slices(r, *slices, spec, model_path);
     if (!have_base) spec.base_model = spec.slices.front().model;
   } else {
-    if (!have_base && spec.method != MergeMethod::kLinear && !passthrough) {
+    const bool base_optional = spec.method == MergeMethod::kLinear ||
+                               spec.method == MergeMethod::kKarcher ||
+                               spec.method == MergeMethod::kMultislerp;
+    if (!have_base && !base_optional && !passthrough) {
       r.fail(root, "base_model",
              "missing (" + std::string(merge_method_name(spec.method)) +
-                 " merges deltas against a base; only linear takes none)");
+                 " merges deltas against a base; only linear, karcher and multislerp take none)");
     }
     if (!have_models) r.fail(root, "models", "missing");
     if (!models.IsSequence()) r.fail(models, "models", "expected a list of models");
@@ -577,6 +586,27 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
                                      " (" + why + ")");
   };
   const bool nearswap = spec.method == MergeMethod::kNearswap;
+  const bool geometric = spec.method == MergeMethod::kModelStock ||
+                         spec.method == MergeMethod::kKarcher ||
+                         spec.method == MergeMethod::kMultislerp;
+  if (spec.method == MergeMethod::kMultislerp) {
+    // mergekit's multislerp reads normalize_weights (default true) and no `normalize`.
+    ignored(gave_normalize, "normalize", "its weights are normalised by 'normalize_weights'");
+    spec.normalize = normalize_weights;
+  } else if (normalize_weights) {
+    throw UsageError(source_name + ": parameter 'normalize_weights' belongs to multislerp; " +
+                     method + " does not take it");
+  }
+  if (geometric) {
+    if (spec.method != MergeMethod::kMultislerp) spec.normalize.reset();
+    ignored(gave_lambda, "lambda", "its coefficients come from the models' geometry");
+    ignored(gave_density, "density", "it keeps every entry");
+    ignored(gave_normalize && spec.method != MergeMethod::kMultislerp, "normalize",
+            "its coefficients come from the models' geometry");
+    ignored(gave_weight && spec.method != MergeMethod::kMultislerp, "weight",
+            spec.method == MergeMethod::kKarcher ? "karcher weighs every model equally"
+                                                 : "it averages the experts equally");
+  }
   ignored(gave_lambda && (spec.method == MergeMethod::kLinear || nearswap), "lambda",
           nearswap ? "it moves each entry by t" : "a weighted average has no scale");
   ignored(gave_density && (is_additive(spec.method) || nearswap), "density",

@@ -58,6 +58,7 @@ ojson make_manifest(const ManifestRecord& r) {
   if (spec.base_weight) parameters["base_weight"] = *spec.base_weight;
   if (spec.base_is_reference) parameters["base_is_reference"] = true;
   if (spec.scale) parameters["scale"] = *spec.scale;
+  for (const auto& [name, value] : spec.method_options) parameters["options"][name] = value;
   if (!spec.slices.empty()) {
     ojson slices = ojson::array();
     for (const SliceSource& s : spec.slices)
@@ -146,6 +147,9 @@ ManifestReplayInfo parse_manifest(const std::string& text, const std::string& so
     if (p.contains("base_weight")) info.spec.base_weight = p.at("base_weight").get<double>();
     info.spec.base_is_reference = p.value("base_is_reference", false);
     if (p.contains("scale")) info.spec.scale = p.at("scale").get<double>();
+    if (p.contains("options"))
+      for (const auto& [name, value] : p.at("options").items())
+        info.spec.method_options[name] = value.get<double>();
     if (p.contains("slices")) {
       for (const auto& s : p.at("slices")) {
         const auto range = s.at("layer_range").get<std::vector<std::uint64_t>>();

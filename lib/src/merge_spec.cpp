@@ -18,6 +18,9 @@ std::optional<MergeMethod> parse_merge_method(std::string_view name) {
   if (name == "nearswap") return MergeMethod::kNearswap;
   if (name == "passthrough") return MergeMethod::kPassthrough;
   if (name == "slerp") return MergeMethod::kSlerp;
+  if (name == "model_stock") return MergeMethod::kModelStock;
+  if (name == "karcher") return MergeMethod::kKarcher;
+  if (name == "multislerp") return MergeMethod::kMultislerp;
   return std::nullopt;
 }
 
@@ -39,16 +42,25 @@ std::string_view merge_method_name(MergeMethod method) {
       return "passthrough";
     case MergeMethod::kSlerp:
       return "slerp";
+    case MergeMethod::kModelStock:
+      return "model_stock";
+    case MergeMethod::kKarcher:
+      return "karcher";
+    case MergeMethod::kMultislerp:
+      return "multislerp";
   }
   return "?";
 }
 
 std::string supported_method_names() {
-  return "linear, task_arithmetic, ties, dare_linear, dare_ties, nearswap, passthrough, slerp";
+  return "linear, task_arithmetic, ties, dare_linear, dare_ties, nearswap, passthrough, slerp, "
+         "model_stock, karcher, multislerp";
 }
 
 bool default_normalize(MergeMethod method) {
-  return method == MergeMethod::kLinear || method == MergeMethod::kTies;
+  // multislerp's normalize_weights defaults to true too.
+  return method == MergeMethod::kLinear || method == MergeMethod::kTies ||
+         method == MergeMethod::kMultislerp;
 }
 bool is_additive(MergeMethod method) {
   return method == MergeMethod::kLinear || method == MergeMethod::kTaskArithmetic;
@@ -63,8 +75,26 @@ bool uses_dare(MergeMethod method) {
   return method == MergeMethod::kDareLinear || method == MergeMethod::kDareTies;
 }
 bool uses_tensor_statistics(MergeMethod method) {
-  return method == MergeMethod::kSlerp;
+  return method == MergeMethod::kSlerp || method == MergeMethod::kModelStock ||
+         method == MergeMethod::kKarcher || method == MergeMethod::kMultislerp;
 }
+std::string tensor_statistics_needed(MergeMethod method) {
+  switch (method) {
+    case MergeMethod::kSlerp:
+      return "slerp's coefficients depend on both models' norms and dot product per tensor";
+    case MergeMethod::kModelStock:
+      return "model_stock's coefficients depend on the angles between the experts' deltas per "
+             "tensor";
+    case MergeMethod::kKarcher:
+      return "karcher's coefficients depend on the norms and angles of all the models per tensor";
+    case MergeMethod::kMultislerp:
+      return "multislerp's coefficients depend on the norms and angles of all the models per "
+             "tensor";
+    default:
+      return std::string(merge_method_name(method)) + " needs no per-tensor statistics";
+  }
+}
+
 bool has_guaranteed_bound(MergeMethod method) {
   return is_additive(method) || method == MergeMethod::kNearswap ||
          method == MergeMethod::kPassthrough;
@@ -174,9 +204,9 @@ std::vector<MergeSpec> specs_by_tensor(const MergeSpec& spec,
 
 void MergeSpec::validate() const {
   if (experts.empty() && base_is_reference) {
-    throw UsageError(
-        "config: a linear merge without base_model needs two models or more (it "
-        "averages them; one is a copy)");
+    throw UsageError("config: a " + std::string(merge_method_name(method)) +
+                     " merge without base_model needs two models or more (it "
+                     "averages them; one is a copy)");
   }
   if (method == MergeMethod::kPassthrough) {
     // Copies: no expert, nothing to weigh; only `scale` applies.
@@ -224,8 +254,13 @@ void MergeSpec::validate() const {
   for (const auto& e : experts) check_table(e.varying, "model '" + e.path + "': ");
   if (base_weight && !std::isfinite(*base_weight))
     throw UsageError("config: the base model's weight is not finite");
-  if (base_weight && method != MergeMethod::kLinear)
+  // The base takes part as a weighted model in linear (and is multislerp's first vector, and an
+  // unweighted point of karcher's mean, when the config has no base_model).
+  if (base_weight && method != MergeMethod::kLinear &&
+      !(base_is_reference &&
+        (method == MergeMethod::kMultislerp || method == MergeMethod::kKarcher)))
     throw UsageError("config: a weight for the base model applies to linear only");
+  validate_method_options();
   const std::string name(merge_method_name(method));
   if (method == MergeMethod::kNearswap) {
     if (experts.size() != 1) {
@@ -246,9 +281,18 @@ void MergeSpec::validate() const {
     if (!t && !varying.count("t"))
       throw UsageError("config: slerp needs parameter 't' (0 keeps the base, 1 the other model)");
     if (t && !std::isfinite(*t)) throw UsageError("config: parameter 't' is not finite");
-  } else if (t || varying.count("t")) {
-    throw UsageError("config: parameter 't' belongs to nearswap and slerp; " + name +
-                     " does not take it");
+  } else if (method == MergeMethod::kModelStock) {
+    if (experts.size() < 2) {
+      throw UsageError(
+          "config: model_stock needs the base and two models or more (their deltas' angles "
+          "decide the merge), but 'models' lists " +
+          std::to_string(experts.size()) + " besides the base");
+    }
+  }
+  if (t || varying.count("t")) {
+    if (method != MergeMethod::kNearswap && method != MergeMethod::kSlerp)
+      throw UsageError("config: parameter 't' belongs to nearswap and slerp; " + name +
+                       " does not take it");
   }
   if (rescale && !uses_dare(method) && method != MergeMethod::kTaskArithmetic) {
     throw UsageError("config: parameter 'rescale' applies to dare_linear and dare_ties (" + name +
@@ -278,6 +322,35 @@ void MergeSpec::validate() const {
   if (effective_normalize() && weight_sum == 0.0 && !uses_sign_election(method)) {
     throw UsageError("config: the weights sum to 0, so 'normalize: true' cannot divide by them");
   }
+}
+
+void MergeSpec::validate_method_options() const {
+  struct Option {
+    const char* name;
+    MergeMethod method;
+    bool integer;
+  };
+  static constexpr Option kOptions[] = {{"max_iter", MergeMethod::kKarcher, true},
+                                        {"tol", MergeMethod::kKarcher, false},
+                                        {"eps", MergeMethod::kMultislerp, false},
+                                        {"filter_wise", MergeMethod::kModelStock, true}};
+  for (const auto& [key, value] : method_options) {
+    const Option* option = nullptr;
+    for (const Option& o : kOptions)
+      if (key == o.name) option = &o;
+    if (!option) throw UsageError("config: unknown method parameter '" + key + "'");
+    if (option->method != method)
+      throw UsageError("config: parameter '" + key + "' belongs to " +
+                       std::string(merge_method_name(option->method)) + "; " +
+                       std::string(merge_method_name(method)) + " does not take it");
+    if (!std::isfinite(value) || value < 0 || (option->integer && value != std::floor(value)))
+      throw UsageError("config: parameter '" + key + "' must be a " +
+                       (option->integer ? "whole number" : "finite number") + " >= 0");
+  }
+  if (option("filter_wise", 0) != 0)
+    throw UsageError(
+        "config: model_stock's filter_wise (one t per row of each tensor) is not supported yet; "
+        "without it each tensor takes one t");
 }
 
 Coefficients additive_coefficients(const MergeSpec& spec) {

@@ -44,7 +44,7 @@ template <class Archive>
 void serialize(Archive& ar, MergeSpec& s) {
   ar(s.method, s.base_model, s.experts, s.normalize, s.lambda, s.out_dtype, s.seed, s.budget,
      s.rescale, s.t, s.base_weight, s.base_is_reference, s.varying, s.base_varying,
-     s.tokenizer_source, s.chat_template, s.model_names, s.scale, s.slices);
+     s.tokenizer_source, s.chat_template, s.model_names, s.scale, s.slices, s.method_options);
 }
 
 std::vector<TensorInfo> MergeTask::output_tensors() const {

@@ -328,6 +328,10 @@ OperatorConfig OperatorConfig::from_spec(const MergeSpec& spec) {
   cfg.t = static_cast<float>(spec.t.value_or(0.0));
   cfg.base_weight = static_cast<float>(spec.base_weight.value_or(0.0) * spec.weight_scale());
   cfg.scale = static_cast<float>(spec.scale.value_or(1.0));
+  cfg.base_is_reference = spec.base_is_reference;
+  cfg.max_iter = static_cast<int>(spec.option("max_iter", cfg.max_iter));
+  cfg.tol = spec.option("tol", cfg.tol);
+  cfg.eps = spec.option("eps", cfg.eps);
   cfg.weights.reserve(spec.experts.size());
   cfg.densities.reserve(spec.experts.size());
   const double scale = spec.weight_scale();
@@ -344,10 +348,10 @@ std::uint64_t tensor_name_key(std::string_view tensor_name) {
 
 OperatorScalars operator_scalars(const OperatorConfig& cfg) {
   OperatorScalars sc;
-  if (cfg.method == MergeMethod::kSlerp) {
+  if (uses_tensor_statistics(cfg.method)) {
     if (!cfg.linear_form || cfg.linear_form->alpha.size() != cfg.weights.size())
-      throw std::invalid_argument(
-          "merge operator: slerp needs the tensor's coefficients (from its statistics)");
+      throw std::invalid_argument("merge operator: " + std::string(merge_method_name(cfg.method)) +
+                                  " needs the tensor's coefficients (from its statistics)");
     sc.base_scale = cfg.linear_form->base_scale;
     sc.alpha = cfg.linear_form->alpha;
     return sc;

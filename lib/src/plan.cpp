@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cereal/archives/portable_binary.hpp>
+#include <cereal/types/map.hpp>
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
 #include <cmath>
@@ -87,13 +88,14 @@ std::string write_binary(const Plan& plan, bool with_hash_and_timing) {
     if (with_hash_and_timing) {
       ar(p.hash, p.planning_seconds);
       later_fields();
-      ar(p.varying_parameters, has_scale, scale, p.linear_forms);
+      ar(p.varying_parameters, has_scale, scale, p.linear_forms, p.method_options);
     } else if (!p.rescale || has_t || has_base_weight || p.base_is_reference || varies ||
-               has_scale) {
+               has_scale || !p.linear_forms.empty() || !p.method_options.empty()) {
       later_fields();
       if (varies || has_scale) ar(p.varying_parameters);
       if (has_scale) ar(scale);
-      if (!p.linear_forms.empty()) ar(p.linear_forms);  // slerp, which always has t
+      if (!p.linear_forms.empty()) ar(p.linear_forms);
+      if (!p.method_options.empty()) ar(p.method_options);
     }
   }
   return std::move(os).str();
@@ -156,7 +158,7 @@ Plan deserialize_plan(const std::string& bytes) {
     ar(p.rescale, has_t, t, has_base_weight, base_weight, p.base_is_reference);
     bool has_scale = false;
     double scale = 1.0;
-    ar(p.varying_parameters, has_scale, scale, p.linear_forms);
+    ar(p.varying_parameters, has_scale, scale, p.linear_forms, p.method_options);
     if (has_scale) p.scale = scale;
     if (has_t) p.t = t;
     if (has_base_weight) p.base_weight = base_weight;
@@ -327,6 +329,7 @@ json plan_to_json(const Plan& p) {
   if (!p.rescale) j["parameters"]["rescale"] = false;
   if (p.t) j["parameters"]["t"] = *p.t;
   if (p.scale) j["parameters"]["scale"] = *p.scale;
+  for (const auto& [name, value] : p.method_options) j["parameters"]["options"][name] = value;
   if (p.base_weight) j["parameters"]["base_weight"] = *p.base_weight;
   if (p.base_is_reference) j["base_is_reference"] = true;
   if (!p.varying_parameters.empty()) j["parameters"]["varying"] = json::parse(p.varying_parameters);
@@ -415,6 +418,11 @@ Plan plan_from_json(const json& j, const std::string& source) {
   if (params.contains("rescale")) p.rescale = r.boolean(params, "rescale", "parameters.");
   if (params.contains("t")) p.t = r.real(params, "t", "parameters.");
   if (params.contains("scale")) p.scale = r.real(params, "scale", "parameters.");
+  if (params.contains("options")) {
+    if (!params["options"].is_object()) r.fail("parameters.options", "expected an object");
+    for (const auto& [name, value] : params["options"].items())
+      p.method_options[name] = r.real(params["options"], name, "parameters.options.");
+  }
   if (params.contains("base_weight")) p.base_weight = r.real(params, "base_weight", "parameters.");
   if (j.contains("base_is_reference")) p.base_is_reference = r.boolean(j, "base_is_reference");
   if (params.contains("varying")) {
@@ -485,7 +493,7 @@ Plan plan_from_json(const json& j, const std::string& source) {
     const std::string path = "tensors[" + std::to_string(i) + "].";
     p.tensor_names.push_back(r.str(tensors[i], "name", path));
     p.tensor_coverage.push_back(r.coverage(tensors[i], path));
-    // slerp's per-tensor coefficients: on every tensor or on none.
+    // A Gram method's per-tensor coefficients: on every tensor or on none.
     if (i == 0 && tensors[i].contains("linear_form"))
       p.linear_forms.assign(p.tensor_count * (k_count + 1), 0.0f);
     if (p.linear_forms.empty()) continue;

@@ -164,10 +164,9 @@ Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest&
         "budget (run it without --catalog and --budget)");
   }
   if (uses_tensor_statistics(spec.method)) {
-    throw UsageError(
-        "slerp's coefficients depend on both models' norms and dot product per tensor, which "
-        "the catalog does not hold yet, so it cannot be budgeted: run it with --full-read (it "
-        "reads the base and the other model once, at the I/O bound)");
+    throw UsageError(tensor_statistics_needed(spec.method) +
+                     ", which the catalog does not hold yet, so it cannot be budgeted: run it "
+                     "with --full-read (it reads every model once, at the I/O bound)");
   }
   const bool additive = has_guaranteed_bound(spec.method);
   if (request.max_error) {
@@ -235,6 +234,7 @@ Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest&
   plan.base_weight = spec.base_weight;
   plan.base_is_reference = spec.base_is_reference;
   plan.varying_parameters = spec.varies_by_tensor() ? spec.varying_json().dump() : "";
+  plan.method_options = spec.method_options;
 
   const PairGains gains = compute_pair_gains(catalog, spec, plan.catalog_expert);
   const std::size_t K = gains.experts, B = gains.blocks, T = catalog.tensors.size();
@@ -366,6 +366,7 @@ Plan make_full_read_plan(const MergeSpec& spec, const std::vector<TensorInfo>& t
   plan.base_is_reference = spec.base_is_reference;
   plan.varying_parameters = spec.varies_by_tensor() ? spec.varying_json().dump() : "";
   plan.scale = spec.scale;
+  plan.method_options = spec.method_options;
   if (spec.varies_by_tensor()) {
     std::vector<std::string> names;
     for (const TensorInfo& t : tensors) names.push_back(t.name);

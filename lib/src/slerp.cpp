@@ -9,37 +9,11 @@ constexpr double kNormEpsilon = 1e-8;      // mergekit's normalize(): smaller no
 constexpr double kLerpThreshold = 0.9995;  // mergekit's DOT_THRESHOLD
 }  // namespace
 
-void SlerpSums::add(const float* base, const float* other, std::size_t n) {
-  // Element order, so a block's sums do not depend on threads or ranks.
-  for (std::size_t i = 0; i < n; ++i) {
-    const double b = base[i], o = other[i];
-    base_sq += b * b;
-    other_sq += o * o;
-    dot += b * o;
-  }
-}
-
-void SlerpSums::add_unchanged(const float* base, std::size_t n) {
-  // The same sums, in the same order, as add(base, base, n).
-  for (std::size_t i = 0; i < n; ++i) {
-    const double sq = static_cast<double>(base[i]) * base[i];
-    base_sq += sq;
-    other_sq += sq;
-    dot += sq;
-  }
-}
-
-SlerpSums& SlerpSums::operator+=(const SlerpSums& part) {
-  base_sq += part.base_sq;
-  other_sq += part.other_sq;
-  dot += part.dot;
-  return *this;
-}
-
-SlerpDecision slerp_decision(const SlerpSums& sums, double t) {
-  const double n0 = std::sqrt(sums.base_sq), n1 = std::sqrt(sums.other_sq);
+SlerpDecision slerp_decision(const TensorGram& gram, double t) {
+  const double n0 = std::sqrt(gram.model_dot(0, 0)), n1 = std::sqrt(gram.model_dot(1, 1));
   SlerpDecision d;
-  d.cos_omega = sums.dot / ((n0 > kNormEpsilon ? n0 : 1.0) * (n1 > kNormEpsilon ? n1 : 1.0));
+  d.cos_omega =
+      gram.model_dot(0, 1) / ((n0 > kNormEpsilon ? n0 : 1.0) * (n1 > kNormEpsilon ? n1 : 1.0));
   if (std::fabs(d.cos_omega) > kLerpThreshold) {
     d.lerp = true;
     d.s0 = 1.0 - t;

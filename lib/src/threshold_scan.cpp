@@ -13,6 +13,95 @@ namespace mergepipe {
 namespace {
 // Elements per step: base and one delta chunk stay in L1/L2.
 constexpr std::size_t kChunkElems = 4096;
+// Elements of a slice converted at once by a Gram scan: (experts + 1) fp32 copies of them.
+constexpr std::size_t kGramStepElems = 16 * kChunkElems;
+
+// The Gram scan: per slice step, every expert's deltas converted to fp32 (workers own experts),
+// then the products accumulated (workers own pairs), each pair in element order.
+ScanResult scan_grams(const ThresholdScan& scan, const std::vector<std::uint32_t>& blocks,
+                      BlockReader& reader) {
+  const Blocking& blocking = *scan.blocking;
+  const std::size_t experts = scan.densities.size();
+  StreamOptions options;
+  options.io_threads = scan.io_threads;
+  options.depth = scan.prefetch_depth;
+  options.slice_bytes = scan.slice_bytes;
+  options.pool = scan.pool;
+  BlockStream stream(blocking, blocks, experts, reader, std::move(options));
+  WorkerPool pool(scan.threads);
+  const auto workers = static_cast<std::size_t>(pool.size());
+  constexpr std::size_t kChunks = kGramStepElems / kChunkElems;
+  std::vector<float> base(kGramStepElems);
+  std::vector<std::vector<float>> delta(experts, std::vector<float>(kGramStepElems));
+  std::vector<char> unchanged(experts * kChunks);  // [expert][chunk] of the current step
+  ScanResult result;
+  std::vector<char> slice_changed(experts);
+  GramAccumulator block_gram(experts);
+  for (std::size_t i = 0; i < blocks.size();) {
+    if (scan.stop_requested && scan.stop_requested()) {
+      result.complete = false;
+      break;
+    }
+    auto loaded = stream.next(result.read_wait_seconds);
+    const DType dtype = (*scan.tensors)[blocking.blocks[loaded->block].tensor].dtype;
+    const std::size_t size = dtype_size(dtype);
+    std::fill(slice_changed.begin(), slice_changed.end(), 0);
+    for (std::uint64_t step = 0; step < loaded->elem_count; step += kGramStepElems) {
+      const std::size_t n = std::min<std::uint64_t>(kGramStepElems, loaded->elem_count - step);
+      const std::byte* base_bytes = loaded->base.data() + step * size;
+      convert_to_f32(dtype, base_bytes, base.data(), n);
+      pool.run([&](int worker) {
+        for (std::size_t k = static_cast<std::size_t>(worker); k < experts; k += workers) {
+          const std::byte* expert_bytes = loaded->experts[k].data() + step * size;
+          for (std::size_t c = 0; c * kChunkElems < n; ++c) {
+            const std::size_t first = c * kChunkElems, m = std::min(kChunkElems, n - first);
+            ZeroDeltaCheck same(base_bytes + first * size, m * size, base.data() + first, m);
+            unchanged[k * kChunks + c] = same(expert_bytes + first * size) ? 1 : 0;
+            if (unchanged[k * kChunks + c]) continue;
+            slice_changed[k] = 1;
+            convert_delta_to_f32(dtype, expert_bytes + first * size, base.data() + first,
+                                 delta[k].data() + first, m);
+          }
+        }
+      });
+      const std::uint64_t position = block_gram.elements();
+      const std::size_t vectors = experts + 1;
+      pool.run([&](int worker) {
+        std::size_t pair = 0;
+        for (std::size_t a = 0; a < vectors; ++a) {
+          for (std::size_t b = a; b < vectors; ++b, ++pair) {
+            if (pair % workers != static_cast<std::size_t>(worker)) continue;
+            for (std::size_t c = 0; c * kChunkElems < n; ++c) {
+              // A zero delta's products are zero: skipped (the same bits).
+              if ((a > 0 && unchanged[(a - 1) * kChunks + c]) ||
+                  (b > 0 && unchanged[(b - 1) * kChunks + c]))
+                continue;
+              const std::size_t first = c * kChunkElems, m = std::min(kChunkElems, n - first);
+              const float* x = a == 0 ? base.data() : delta[a - 1].data();
+              const float* y = b == 0 ? base.data() : delta[b - 1].data();
+              block_gram.add_pair(pair, x + first, y + first, m, position + first);
+            }
+          }
+        }
+      });
+      block_gram.advance(n);
+    }
+    const bool last_slice = loaded->last_slice;
+    const std::uint32_t block = loaded->block;
+    const std::uint64_t bytes = loaded->byte_length * (experts + 1);
+    std::vector<char>& changed = result.changed[block];
+    changed.resize(experts, 0);
+    for (std::size_t k = 0; k < experts; ++k) changed[k] |= slice_changed[k];
+    stream.recycle(std::move(loaded));
+    if (scan.on_block) scan.on_block(bytes);
+    if (!last_slice) continue;
+    result.grams[block] = block_gram.totals();
+    block_gram = GramAccumulator(experts);
+    ++i;
+  }
+  return result;
+}
+
 }  // namespace
 
 ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint32_t>& blocks,
@@ -29,9 +118,8 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
   // Each worker owns the experts k with k % workers == worker: no sketch is shared.
   std::vector<std::vector<float>> base(static_cast<std::size_t>(pool.size()),
                                        std::vector<float>(kChunkElems)),
-      delta = base, other = base;
-  if (scan.slerp_sums && experts != 1)
-    throw std::invalid_argument("threshold scan: slerp's sums take one expert");
+      delta = base;
+  if (scan.gram) return scan_grams(scan, blocks, reader);
 
   ScanResult result;
   result.sketches.assign(scan.tensors->size(), std::vector<MagnitudeSketch>(experts));
@@ -48,7 +136,6 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
     const std::size_t size = dtype_size(dtype);
     std::vector<MagnitudeSketch>& sketches = result.sketches[blk.tensor];
     std::fill(slice_changed.begin(), slice_changed.end(), 0);
-    SlerpSums* const sums = scan.slerp_sums ? &result.slerp_sums[loaded->block] : nullptr;
     pool.run([&](int worker) {
       const auto w = static_cast<std::size_t>(worker);
       for (std::size_t first = 0; first < slice_elems; first += kChunkElems) {
@@ -59,16 +146,10 @@ ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint3
         for (std::size_t k = w; k < experts; k += static_cast<std::size_t>(pool.size())) {
           const std::byte* expert_bytes = loaded->experts[k].data() + first * size;
           if (unchanged(expert_bytes)) {
-            if (scan.sketch) sketches[k].add_zeros(n);
-            if (sums) sums->add_unchanged(base[w].data(), n);  // expert 0's worker, in order
+            sketches[k].add_zeros(n);
             continue;
           }
           slice_changed[k] = 1;
-          if (sums) {
-            convert_to_f32(dtype, expert_bytes, other[w].data(), n);
-            sums->add(base[w].data(), other[w].data(), n);
-          }
-          if (!scan.sketch) continue;
           if (dtype == DType::kBF16) {
             sketches[k].add_bf16_deltas(expert_bytes, base[w].data(), n);
             continue;

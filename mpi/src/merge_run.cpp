@@ -32,6 +32,7 @@
 #include "mergepipe/mpi/partition.hpp"
 #include "mergepipe/mpi/run_monitor.hpp"
 #include "mergepipe/retained_window.hpp"
+#include "mergepipe/tensor_statistics.hpp"
 #include "mergepipe/thread_name.hpp"
 #include "mergepipe/threshold_scan.hpp"
 #include "mergepipe/window_steps.hpp"
@@ -76,8 +77,8 @@ void unpack_hashes(const std::string& bytes, BlockHashes& into) {
   }
 }
 
-// What a full read's scan decides per tensor: TIES thresholds (one per expert) or slerp's linear
-// form (base scale, then one alpha per expert).
+// What a full read's scan decides per tensor: TIES thresholds (one per expert) or the linear
+// form of a Gram method (base scale, then one alpha per expert).
 using Thresholds = std::map<std::uint32_t, std::vector<float>>;
 
 std::string pack_thresholds(const Thresholds& thresholds) {
@@ -333,12 +334,12 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   const std::size_t tensor_count = task.tensors.size();
   const std::vector<TensorInfo> out_tensors = task.output_tensors();
   const bool trims = uses_magnitude_trim(task.spec.method);
-  const bool slerps = uses_tensor_statistics(task.spec.method);
+  const bool gram_methods = uses_tensor_statistics(task.spec.method);
   const bool scan_thresholds_from_data =
       task.full_read &&
-      ((trims && task.plan.thresholds.empty()) || (slerps && task.plan.linear_forms.empty()));
+      ((trims && task.plan.thresholds.empty()) || (gram_methods && task.plan.linear_forms.empty()));
   // Values per tensor the scan decides (Thresholds).
-  const std::size_t scan_values = slerps ? experts + 1 : experts;
+  const std::size_t scan_values = gram_methods ? experts + 1 : experts;
 
   ExecutionJob job = make_execution_job(task, blocking);
   BlockPool buffers;  // one set of block buffers for every stream of this run
@@ -350,7 +351,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   if (scan_thresholds_from_data && trims) job.thresholds.assign(experts * tensor_count, 0.0f);
   // A tensor's scan values, applied to the job before its blocks merge.
   auto apply_scan_values = [&](std::uint32_t tensor, const std::vector<float>& values) {
-    if (slerps) {
+    if (gram_methods) {
       OperatorConfig::LinearForm& form = job.tensor_ops[tensor].linear_form.emplace();
       form.base_scale = values[0];
       form.alpha.assign(values.begin() + 1, values.end());
@@ -573,8 +574,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       return;
     }
     ThresholdScan scan;
-    scan.sketch = trims;
-    scan.slerp_sums = slerps;
+    scan.gram = gram_methods;
     scan.blocking = &blocking;
     scan.tensors = &task.tensors;
     for (const ExpertSpec& e : task.spec.experts) scan.densities.push_back(e.density);
@@ -650,7 +650,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         if (!thresholds.count(blocking.blocks[b].tensor)) to_scan.push_back(b);
         if (!done.count(b)) to_merge.push_back(b);
       }
-      // Speculation guesses thresholds from part of a tensor; slerp's sums have no such guess.
+      // Speculation guesses thresholds from part of a tensor; a Gram has no such guess.
       for (WindowStep& s :
            window_steps(to_scan, to_merge, footprint, window_bytes, held_reader.has_value(),
                         options.speculative_merge && trims))
@@ -711,39 +711,39 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         return !unchanged_pairs[std::size_t{b} * experts + k];
       });
     };
-    // slerp: every rank's per-block sums of window w, summed per tensor in block order (so the
-    // same whatever the split), decide each tensor's coefficients. Collective.
-    auto combine_slerp_sums = [&](std::size_t w, const ScanResult& part) {
+    // The Gram methods: every rank's per-block Grams of window w, summed per tensor in block
+    // order (so the same whatever the split), decide each tensor's linear form. Collective.
+    auto combine_grams = [&](std::size_t w, const ScanResult& part) {
       Packer mine_packed;
-      for (const auto& [block, sums] : part.slerp_sums) {
+      for (const auto& [block, gram] : part.grams) {
         mine_packed.put(block);
-        mine_packed.put(sums.base_sq);
-        mine_packed.put(sums.other_sq);
-        mine_packed.put(sums.dot);
+        mine_packed.put_vector(gram.sums);
       }
-      std::map<std::uint32_t, SlerpSums> by_block;
-      for (const std::string& p : comm.allgather(mine_packed.out, "combine slerp sums")) {
-        Unpacker u(p, "merge: slerp sums");
+      std::map<std::uint32_t, TensorGram> by_block;
+      for (const std::string& p : comm.allgather(mine_packed.out, "combine tensor Grams")) {
+        Unpacker u(p, "merge: tensor Grams");
         while (!u.done()) {
           const auto block = u.get<std::uint32_t>();
-          SlerpSums& into = by_block[block];
-          into.base_sq = u.get<double>();
-          into.other_sq = u.get<double>();
-          into.dot = u.get<double>();
+          TensorGram& into = by_block[block];
+          into = TensorGram(experts);
+          into.sums = u.get_vector<double>();
+          if (into.sums.size() != gram_pair_count(experts + 1))
+            throw IoError("merge: a block's Gram has " + std::to_string(into.sums.size()) +
+                          " sums, not " + std::to_string(gram_pair_count(experts + 1)));
         }
       }
       for (std::uint32_t t : windows[w]) {
         if (thresholds.count(t)) continue;
-        SlerpSums whole;
+        TensorGram whole(experts);
         for (std::uint32_t i = 0; i < blocking.block_count[t]; ++i) {
           const auto it = by_block.find(blocking.first_block[t] + i);
           if (it == by_block.end())
-            throw IoError("merge: slerp sums of a block of tensor '" + task.tensors[t].name +
-                          "' were lost in the gather");
+            throw IoError("merge: the Gram of a block of tensor '" + task.tensors[t].name +
+                          "' was lost in the gather");
           whole += it->second;
         }
         const OperatorConfig::LinearForm form =
-            slerp_linear_form(slerp_decision(whole, job.op_for(t).t));
+            linear_form_from_gram(job.op_for(t), whole, task.tensors[t].name);
         std::vector<float> values{form.base_scale};
         values.insert(values.end(), form.alpha.begin(), form.alpha.end());
         if (comm.is_root()) journal.thresholds(t, values);
@@ -758,7 +758,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       auto part_of = [&](std::uint32_t t, std::size_t k) -> const MagnitudeSketch& {
         return part.sketches.empty() || part.sketches[t].empty() ? none : part.sketches[t][k];
       };
-      if (slerps) return combine_slerp_sums(w, part);
+      if (gram_methods) return combine_grams(w, part);
       Packer mine_packed;
       for (std::uint32_t t : windows[w]) {
         if (thresholds.count(t)) continue;
@@ -871,12 +871,15 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
                 if (!own_sketches.count(t)) own_sketches[t] = scanned_part.sketches[t];
               }
             scan_read_wait += scanned_part.read_wait_seconds;
-            part.slerp_sums.merge(scanned_part.slerp_sums);  // blocks are scanned once
-            if (part.sketches.empty()) part.sketches.resize(tensor_count);
-            for (std::uint32_t t : windows[w]) {
-              std::vector<MagnitudeSketch>& into = part.sketches[t];
-              if (into.empty()) into.resize(experts);
-              for (std::size_t k = 0; k < experts; ++k) into[k].merge(scanned_part.sketches[t][k]);
+            part.grams.merge(scanned_part.grams);  // blocks are scanned once
+            if (!scanned_part.sketches.empty()) {
+              if (part.sketches.empty()) part.sketches.resize(tensor_count);
+              for (std::uint32_t t : windows[w]) {
+                std::vector<MagnitudeSketch>& into = part.sketches[t];
+                if (into.empty()) into.resize(experts);
+                for (std::size_t k = 0; k < experts; ++k)
+                  into[k].merge(scanned_part.sketches[t][k]);
+              }
             }
             // Expert blocks identical to the base merge as omitted ones: not read again.
             for (const auto& [block, changed] : scanned_part.changed)
@@ -953,12 +956,12 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       if (known.size() != tensor_count)
         throw IoError("merge: thresholds of " + std::to_string(tensor_count - known.size()) +
                       " tensors were lost in the gather");
-      std::vector<float>& out = slerps ? result.linear_forms : result.thresholds;
+      std::vector<float>& out = gram_methods ? result.linear_forms : result.thresholds;
       out.assign(scan_values * tensor_count, 0.0f);
       for (const auto& [tensor, values] : known)
         for (std::size_t k = 0; k < scan_values; ++k) {
           // thresholds are [expert][tensor], linear forms [tensor][value]
-          out[slerps ? tensor * scan_values + k : k * tensor_count + tensor] = values[k];
+          out[gram_methods ? tensor * scan_values + k : k * tensor_count + tensor] = values[k];
         }
     }
   }

@@ -105,6 +105,59 @@ def lookup(model_params, top, key, name, t, default):
     return default
 
 
+def karcher_mean(points, max_iter, tol):
+    """mergekit's karcher on whole vectors (float64): equal weights, Riemannian steps."""
+    alphas = [1.0 / len(points)] * len(points)
+    norms = [float(np.linalg.norm(p)) for p in points]
+    units = [p / n if n > 0 else np.zeros_like(p) for p, n in zip(points, norms)]
+    valid = [i for i, n in enumerate(norms) if n > tol]
+    if not valid:
+        return np.zeros_like(points[0])
+    va = [alphas[i] / sum(alphas[i] for i in valid) for i in valid]
+    vu = [units[i] for i in valid]
+    mean = sum(a * u for a, u in zip(va, vu))
+    mn = float(np.linalg.norm(mean))
+    mean = vu[0].copy() if mn < tol else mean / mn
+    for _ in range(max_iter):
+        tangent = np.zeros_like(mean)
+        for a, u in zip(va, vu):
+            dot = min(1.0, max(-1.0, float(np.dot(mean, u))))
+            theta = math.acos(dot)
+            if theta < tol:
+                continue
+            tangent += a * (theta / math.sin(theta)) * (u - dot * mean)
+        tn = float(np.linalg.norm(tangent))
+        if tn < tol:
+            break
+        mean = math.cos(tn) * mean + math.sin(tn) * (tangent / tn)
+        un = float(np.linalg.norm(mean))
+        if un > tol:
+            mean = mean / un
+    return sum(a * n for a, n in zip(alphas, norms)) * mean
+
+
+def multislerp_of(vectors, weights, normalize, eps):
+    """mergekit's multislerp on whole vectors (float64)."""
+    if len(vectors) == 1:
+        return vectors[0]
+    w = np.array(weights, dtype=np.float64)
+    if normalize:
+        w = w / w.sum()
+    norms = np.array([np.linalg.norm(v) for v in vectors])
+    if not norms.any():  # no expert changed the tensor: MergePipe keeps the base (mergekit raises)
+        return np.zeros_like(vectors[0])
+    units = [v / (n + eps) for v, n in zip(vectors, norms)]
+    mean = sum(wi * u for wi, u in zip(w, units))
+    mn = float(np.linalg.norm(mean))
+    if mn < eps:
+        assert len(vectors) == 2, "multislerp: the weighted unit mean vanishes"
+        return w[0] * vectors[0] + w[1] * vectors[1]
+    mean = mean / mn
+    tangent = sum(wi * (u - float(np.dot(u, mean)) * mean) for wi, u in zip(w, units))
+    tn = float(np.linalg.norm(tangent)) + eps
+    return (mean * math.cos(tn) + tangent * (math.sin(tn) / tn)) * float((norms * w).sum())
+
+
 def main():
     config_path, merged_dir = sys.argv[1], sys.argv[2]
     cfg = yaml.safe_load(open(config_path))
@@ -198,6 +251,37 @@ def main():
                 s0, s1 = math.sin((1 - t) * omega) / math.sin(omega), math.sin(t * omega) / math.sin(omega)
             ref = s0 * a + s1 * b
             terms = np.abs(s0 * a) + np.abs(s1 * b)  # fp32 rounding scales with these
+        elif method == "model_stock":
+            # Mean pairwise cosine of the deltas, t = N cos / (1 + (N-1) cos), t*avg + (1-t)*base.
+            offs = [d.astype(np.float64).ravel() for d in deltas]
+            cos = []
+            for i in range(len(offs)):
+                for j in range(i + 1, len(offs)):
+                    prod = max(float(np.linalg.norm(offs[i]) * np.linalg.norm(offs[j])), 1e-6)
+                    cos.append(min(1.0, max(-1.0, float(np.dot(offs[i], offs[j])) / prod)))
+            c, n_ft = sum(cos) / len(cos), len(offs)
+            t = n_ft * c / (1 + (n_ft - 1) * c)
+            avg = sum(e[name][0].astype(np.float64) for e in experts) / n_ft
+            ref = t * avg + (1 - t) * theta0.astype(np.float64)
+            terms = np.abs(theta0) + sum(np.abs(t / n_ft * d) for d in deltas)
+        elif method in ("karcher", "multislerp"):
+            if average_only:
+                points = [e[name][0].astype(np.float64) for e in experts]  # every model, the first too
+            else:
+                points = [theta0.astype(np.float64)] + [e[name][0].astype(np.float64) for e in experts]
+            shape = theta0.shape
+            if method == "karcher":
+                ref = karcher_mean([p.ravel() for p in points], int(params.get("max_iter", 10)),
+                                   float(params.get("tol", 1e-5))).reshape(shape)
+            else:
+                eps = float(params.get("eps", 1e-8))
+                norm_w = params.get("normalize_weights", True)
+                if average_only:
+                    ref = multislerp_of([p.ravel() for p in points], weights, norm_w, eps).reshape(shape)
+                else:
+                    vecs = [d.astype(np.float64).ravel() for d in deltas]
+                    ref = theta0.astype(np.float64) + multislerp_of(vecs, weights, norm_w, eps).reshape(shape)
+            terms = np.abs(theta0) + np.abs(ref) + sum(np.abs(d) for d in deltas)
         else:
             ref = None
         if ref is None:
@@ -209,7 +293,7 @@ def main():
             tol = np.abs(ref) * 2.0 ** -11 + 2.0 ** -25  # one fp16 rounding (subnormals too)
         else:
             tol = np.abs(ref) * 2e-6 + 1e-9 * max(1.0, float(np.abs(theta0).max(initial=0)))
-        if method == "slerp":
+        if method in ("slerp", "model_stock", "karcher", "multislerp"):
             tol = tol + terms * 2.0 ** -21  # (s0 + s1)*base + s1*delta in fp32: a few ulps of the terms
         err = np.abs(got.astype(np.float32) - ref)
         if np.any(err > tol):
@@ -241,8 +325,9 @@ def main():
         sigma = math.sqrt(densities[0] * (1 - densities[0]) / changed)
         print(f"dare: kept fraction {frac:.4f} of {changed} non-zero deltas, density {densities[0]} (sigma {sigma:.4f})")
         assert abs(frac - densities[0]) < 5 * sigma + 1e-3, (frac, densities[0])
-    if method == "slerp" and all(merged[n][1] == "F32" for n in base):
-        assert rel_l2 <= 1e-6, f"slerp: relative L2 {rel_l2:.3g} above 1e-6"
+    geometric = ("slerp", "model_stock", "karcher", "multislerp")
+    if method in geometric and all(merged[n][1] == "F32" for n in base):
+        assert rel_l2 <= 1e-6, f"{method}: relative L2 {rel_l2:.3g} above 1e-6"
     print(f"{method}: matches the numpy reference (worst relative error {worst:.3g}, "
           f"worst tensor relative L2 {rel_l2:.3g})")
 

@@ -13,10 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "mergepipe/karcher.hpp"
 #include "mergepipe/layer_names.hpp"
+#include "mergepipe/model_stock.hpp"
+#include "mergepipe/multislerp.hpp"
 #include "mergepipe/operators.hpp"
 #include "mergepipe/parameter_setting.hpp"
 #include "mergepipe/slerp.hpp"
+#include "mergepipe/tensor_statistics.hpp"
 
 using namespace mergepipe;
 using nlohmann::json;
@@ -63,8 +67,8 @@ const std::map<std::string, std::string>& skipped_cases() {
 // Methods whose operator does not exist yet (issue 38); their cases are counted, not checked.
 bool method_missing(const std::string& method) {
   static const std::vector<std::string> available = {
-      "linear",    "task_arithmetic", "ties",        "dare_linear",
-      "dare_ties", "nearswap",        "passthrough", "slerp"};
+      "linear",      "task_arithmetic", "ties",        "dare_linear", "dare_ties", "nearswap",
+      "passthrough", "slerp",           "model_stock", "karcher",     "multislerp"};
   return std::find(available.begin(), available.end(), method) == available.end();
 }
 
@@ -75,6 +79,9 @@ std::optional<std::string> skip_reason(const json& c) {
   if (c.contains("expected_error")) return "an error case (config validation)";
   if (c["expert_names"].empty()) return "a config without an expert is a usage error here";
   const json& global = c["resolved_parameters"]["global"];
+  if (c["method"] == "model_stock" && global.contains("filter_wise") &&
+      as_number(global["filter_wise"]) != 0.0)
+    return "model_stock's filter_wise (one t per row) is not built yet";
   if (c["method"] == "ties" && global.contains("rescale") && as_number(global["rescale"]) != 0.0)
     return "rescale: true on ties (the trimmed delta scaled by its L1 ratio) is not built yet";
   const std::size_t n =
@@ -122,8 +129,20 @@ Replay replay_inputs(const json& c) {
     if (!scale.is_null()) r.cfg.scale = static_cast<float>(as_number(scale));
     return r;
   }
+  const bool reference_methods = c["method"] == "karcher" || c["method"] == "multislerp";
   if (c["base_model"].is_null()) {
     r.base = models.front();
+    if (reference_methods) {
+      // As the config parser has it: the first model is the reference θ0 (with its weight),
+      // the others are deltas against it.
+      const json& p = per_model[names.front()];
+      r.cfg.base_is_reference = true;
+      r.cfg.base_weight = p.contains("weight") && !p["weight"].is_null()
+                              ? static_cast<float>(as_number(p["weight"]))
+                              : 1.0f;
+      names.erase(names.begin());
+      models.erase(models.begin());
+    }
   } else {
     r.base = flat(c["base"]);
     // linear has no base semantics: a base given a weight is averaged like any other model.
@@ -139,6 +158,11 @@ Replay replay_inputs(const json& c) {
   if (global.contains("t")) r.cfg.t = static_cast<float>(as_number(global["t"]));
   if (global.contains("rescale")) r.cfg.rescale = as_number(global["rescale"]) != 0.0;
   if (c["method"] == "slerp") r.cfg.t = static_cast<float>(as_number(global["t"]));
+  if (global.contains("normalize_weights"))
+    r.cfg.normalize = as_number(global["normalize_weights"]) != 0.0;
+  if (global.contains("max_iter")) r.cfg.max_iter = static_cast<int>(as_number(global["max_iter"]));
+  if (global.contains("tol")) r.cfg.tol = as_number(global["tol"]);
+  if (global.contains("eps")) r.cfg.eps = as_number(global["eps"]);
   for (std::size_t k = 0; k < names.size(); ++k) {
     const json& p = per_model[names[k]];
     r.cfg.weights.push_back(p.contains("weight") && !p["weight"].is_null()
@@ -166,6 +190,20 @@ std::optional<float> exact_trim_threshold(const std::vector<float>& delta, doubl
   const float t = mag[k - 1];
   if (k < mag.size() && mag[k] == t) return std::nullopt;
   return t;
+}
+
+// The Gram of the case's base and deltas, accumulated in two uneven parts (as blocks and slices
+// would split it).
+TensorGram gram_of(const Replay& r) {
+  GramAccumulator acc(r.deltas.size());
+  const std::size_t n = r.base.size(), half = n / 2 + 1;
+  for (const auto& [first, count] : {std::pair{std::size_t{0}, std::min(half, n)},
+                                     std::pair{std::min(half, n), n - std::min(half, n)}}) {
+    std::vector<const float*> deltas;
+    for (const auto& d : r.deltas) deltas.push_back(d.data() + first);
+    acc.add(r.base.data() + first, deltas, count);
+  }
+  return acc.totals();
 }
 
 std::vector<float> run(const Replay& r, const std::vector<float>& thresholds) {
@@ -214,21 +252,53 @@ TEST(GoldenMergekit, EveryDeterministicCaseOfAnAvailableMethodMatches) {
         ++combine_only;
       }
     }
-    if (method == "slerp") {
-      // The tensor's sums (what the engine accumulates block by block), then its linear form.
-      SlerpSums sums;
-      const std::vector<float> other = flat(c["experts"][0]);
-      sums.add(r.base.data(), other.data(), other.size());
-      const SlerpDecision d =
-          slerp_decision(sums, as_number(c["resolved_parameters"]["global"]["t"]));
+    if (uses_tensor_statistics(r.cfg.method)) {
+      // The tensor's Gram (what the engine accumulates block by block), then its linear form;
+      // mergekit's intermediates checked on the way.
+      const TensorGram gram = gram_of(r);
       const json& mid = c["intermediates"];
-      EXPECT_EQ(d.lerp, mid["branch"] != "slerp") << id << ": " << mid["branch"];
-      EXPECT_NEAR(d.cos_omega, mid["dot_of_normalized"].get<double>(), 1e-6) << id;
-      if (!d.lerp) {
-        EXPECT_NEAR(d.s0, mid["s0"].get<double>(), 1e-6) << id;
-        EXPECT_NEAR(d.s1, mid["s1"].get<double>(), 1e-6) << id;
+      if (method == "slerp") {
+        const SlerpDecision d =
+            slerp_decision(gram, as_number(c["resolved_parameters"]["global"]["t"]));
+        EXPECT_EQ(d.lerp, mid["branch"] != "slerp") << id << ": " << mid["branch"];
+        EXPECT_NEAR(d.cos_omega, mid["dot_of_normalized"].get<double>(), 1e-6) << id;
+        if (!d.lerp) {
+          EXPECT_NEAR(d.s0, mid["s0"].get<double>(), 1e-6) << id;
+          EXPECT_NEAR(d.s1, mid["s1"].get<double>(), 1e-6) << id;
+        }
+      } else if (method == "model_stock") {
+        const ModelStockDecision d = model_stock_decision(gram, id);
+        EXPECT_NEAR(d.cos_theta, mid["cos_theta"][0].get<double>(), 1e-6) << id;
+        EXPECT_NEAR(d.t, mid["t"][0].get<double>(), 1e-5 * std::max(1.0, std::fabs(d.t))) << id;
+      } else if (method == "karcher") {
+        const KarcherDecision d = karcher_decision(gram, r.cfg.max_iter, r.cfg.tol);
+        // The base first here, in model order there: compared as sets.
+        std::vector<double> norms = mid["norms"].get<std::vector<double>>(), got = d.norms;
+        std::sort(norms.begin(), norms.end());
+        std::sort(got.begin(), got.end());
+        ASSERT_EQ(got.size(), norms.size()) << id;
+        for (std::size_t i = 0; i < norms.size(); ++i)
+          EXPECT_NEAR(got[i], norms[i], 1e-6 * std::max(1.0, norms[i])) << id;
+        EXPECT_NEAR(d.scale, mid["scale_s"].get<double>(), 1e-6 * d.scale) << id;
+      } else if (method == "multislerp") {
+        MultislerpInputs in;
+        in.vectors_are_models = r.cfg.base_is_reference;
+        if (in.vectors_are_models) in.weights.push_back(r.cfg.base_weight);
+        for (float w : r.cfg.weights) in.weights.push_back(w);
+        in.normalize_weights = r.cfg.normalize;
+        in.eps = r.cfg.eps;
+        const MultislerpDecision d = multislerp_decision(gram, in, id);
+        EXPECT_EQ(d.linear_fallback, mid["branch"] != "tangent-space") << id;
+        EXPECT_NEAR(d.mean_norm, mid["mean_norm"].get<double>(), 1e-6) << id;
+        // mergekit lists the norms in its own model order: compared as sets.
+        std::vector<double> got = d.norms, want = mid["norms"].get<std::vector<double>>();
+        std::sort(got.begin(), got.end());
+        std::sort(want.begin(), want.end());
+        ASSERT_EQ(got.size(), want.size()) << id;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          EXPECT_NEAR(got[i], want[i], 1e-6 * std::max(1.0, want[i])) << id;
       }
-      r.cfg.linear_form = slerp_linear_form(d);
+      r.cfg.linear_form = linear_form_from_gram(r.cfg, gram, id);
     }
     const std::vector<float> want = flat(c["expected"]);
     const std::vector<float> got = run(r, thresholds);
@@ -239,9 +309,9 @@ TEST(GoldenMergekit, EveryDeterministicCaseOfAnAvailableMethodMatches) {
   }
   // Every available method is exercised, and nothing is skipped without a listed reason.
   for (const char* m : {"linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "nearswap",
-                        "passthrough", "slerp"})
+                        "passthrough", "slerp", "model_stock", "karcher", "multislerp"})
     EXPECT_GT(checked_per_method[m], 0u) << m;
-  EXPECT_GE(checked, 74u);
+  EXPECT_GE(checked, 98u);  // 74, then model_stock 7, karcher 10, multislerp 7
   RecordProperty("checked", static_cast<int>(checked));
   RecordProperty("skipped", static_cast<int>(skipped));
   RecordProperty("missing_method", static_cast<int>(missing));

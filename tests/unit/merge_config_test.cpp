@@ -76,6 +76,40 @@ TEST(MergeConfig, MethodParameters) {
   EXPECT_EQ(OperatorConfig::from_spec(ns).t, 0.25f);
 }
 
+// The geometric methods' own parameters, under mergekit's names.
+TEST(MergeConfig, GeometricMethodParameters) {
+  const MergeSpec karcher = io::parse_merge_config(
+      "merge_method: karcher\nmodels: [/m0, /m1, /m2]\nparameters: {max_iter: 3, tol: 1.0e-9}\n",
+      "c.yaml");
+  EXPECT_TRUE(karcher.base_is_reference);
+  EXPECT_EQ(karcher.base_model, "/m0");
+  const OperatorConfig kc = OperatorConfig::from_spec(karcher);
+  EXPECT_EQ(kc.max_iter, 3);
+  EXPECT_EQ(kc.tol, 1e-9);
+  EXPECT_EQ(OperatorConfig::from_spec(
+                io::parse_merge_config("merge_method: karcher\nmodels: [/m0, /m1]\n", "c.yaml"))
+                .max_iter,
+            10);  // mergekit's default
+  // multislerp: normalize_weights is its normalize (default true); `normalize` changes nothing.
+  const MergeSpec ms = io::parse_merge_config(
+      "merge_method: multislerp\nbase_model: /b\nmodels: [/a, /c]\n"
+      "parameters: {normalize_weights: false, normalize: true, eps: 0.01}\n",
+      "c.yaml");
+  EXPECT_FALSE(ms.effective_normalize());
+  EXPECT_EQ(OperatorConfig::from_spec(ms).eps, 0.01);
+  EXPECT_FALSE(OperatorConfig::from_spec(ms).base_is_reference);
+  ASSERT_EQ(ms.config_warnings.size(), 1u);
+  EXPECT_NE(ms.config_warnings[0].find("'normalize' changes nothing for multislerp"),
+            std::string::npos);
+  EXPECT_TRUE(io::parse_merge_config("merge_method: multislerp\nmodels: [/a, /c]\n", "c.yaml")
+                  .effective_normalize());
+  // model_stock drops the base listed among its models, as mergekit gathers it apart.
+  const MergeSpec stock = io::parse_merge_config(
+      "merge_method: model_stock\nbase_model: /b\nmodels: [/b, /a, /c]\n", "c.yaml");
+  EXPECT_EQ(stock.experts.size(), 2u);
+  EXPECT_FALSE(stock.base_weight.has_value());
+}
+
 // linear without base_model: the first model is the reference (averaged with its weight);
 // the base listed among the models: averaged by linear, dropped by the task-vector methods.
 TEST(MergeConfig, BaseOptionalForLinearAndBaseAmongTheModels) {
@@ -213,6 +247,14 @@ TEST(MergeConfig, ErrorsNameFileKeyAndLine) {
   const std::vector<Case> cases = {
       {"merge_method: ties\nbase_model: /b\nmodels: [/a]\nfoo: 1\n",
        {"/cfg/merge.yaml:4", "'foo'", "unknown key"}},
+      {"merge_method: karcher\nmodels: [/a, /c]\nparameters: {normalize_weights: false}\n",
+       {"normalize_weights' belongs to multislerp; karcher does not take it"}},
+      {"merge_method: karcher\nmodels: [/a, /c]\nparameters: {max_iter: -1}\n",
+       {"'max_iter' must be a whole number >= 0"}},
+      {"merge_method: multislerp\nmodels: [/a, /c]\nparameters: {tol: 0.1}\n",
+       {"'tol' belongs to karcher; multislerp does not take it"}},
+      {"merge_method: model_stock\nbase_model: /b\nmodels: [/a]\n",
+       {"model_stock needs the base and two models or more"}},
       {"merge_method: sce\nbase_model: /b\nmodels: [/a]\n",
        {":1", "merge_method", "unsupported method 'sce'"}},
       {"base_model: /b\nmodels: [/a]\n", {"merge_method", "missing"}},

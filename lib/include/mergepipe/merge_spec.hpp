@@ -21,7 +21,10 @@ enum class MergeMethod {
   kDareTies,
   kNearswap,
   kPassthrough,
-  kSlerp
+  kSlerp,
+  kModelStock,
+  kKarcher,
+  kMultislerp
 };
 
 std::optional<MergeMethod> parse_merge_method(std::string_view name);
@@ -36,9 +39,13 @@ bool uses_dare(MergeMethod method);            // dare_linear, dare_ties: Bernou
 // True when the omitted-update bound Σ|α_k|·‖Δ_k omitted‖ is a guarantee: the additive methods,
 // and nearswap, whose term w·Δ (0 ≤ w ≤ 1) is never larger than Δ.
 bool has_guaranteed_bound(MergeMethod method);
-// True for methods whose coefficients come from statistics of whole tensors (slerp: both
-// models' norms and their dot product), known only once every block of a tensor was seen.
+// True for methods whose coefficients come from the geometry of whole tensors (slerp, model_stock,
+// karcher, multislerp: norms and dot products of the models, tensor_gram.hpp), known only once
+// every block of a tensor was seen.
 bool uses_tensor_statistics(MergeMethod method);
+// For those methods, what their coefficients depend on, for messages ("slerp's coefficients
+// depend on both models' norms and dot product per tensor").
+std::string tensor_statistics_needed(MergeMethod method);
 // The methods' names, comma separated, for messages.
 std::string supported_method_names();
 
@@ -73,6 +80,13 @@ struct MergeSpec {
   std::optional<bool> rescale;        // DARE: divide kept deltas by the density (default true)
   std::optional<double> t;  // nearswap: the similarity threshold; slerp: the interpolation point
   std::optional<double> scale;  // passthrough: a factor on every copied value
+  // Scalar options of one method, by mergekit's name: karcher's max_iter and tol, multislerp's
+  // eps, model_stock's filter_wise (0 or 1). Absent: the method's default.
+  std::map<std::string, double> method_options;
+  double option(const std::string& name, double fallback) const {
+    const auto it = method_options.find(name);
+    return it == method_options.end() ? fallback : it->second;
+  }
   // passthrough: the output's layers from these slices in order (the embeddings from the first
   // slice's model, the final norm and head from the last's); empty: base_model copied whole.
   std::vector<SliceSource> slices;
@@ -121,6 +135,9 @@ struct MergeSpec {
   // lambda not finite, a zero weight sum where normalize needs it, a parameter the method does
   // not take (or lacks: nearswap's t), nearswap with other than one model.
   void validate() const;
+
+ private:
+  void validate_method_options() const;
 };
 
 // Fixed coefficients of the delta form `s·θ0 + Σ α_k Δ_k` (linear, task arithmetic) and the

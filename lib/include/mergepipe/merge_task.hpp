@@ -33,7 +33,8 @@ struct MergeTask {
   std::vector<TensorInfo> output_tensors() const;  // tensors with out_dtypes applied
 };
 
-// Tensor `tensor`'s slerp coefficients as a plan records them (plan.linear_forms non-empty).
+// Tensor `tensor`'s linear form (Gram methods) as a plan records them (plan.linear_forms
+// non-empty).
 OperatorConfig::LinearForm linear_form_of(const Plan& plan, std::size_t tensor);
 
 // The executor's view of a task over its blocking (which must outlive the job, as must the task).

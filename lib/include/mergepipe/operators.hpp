@@ -28,8 +28,14 @@ struct OperatorConfig {
   float t = 0;            // nearswap's threshold
   float base_weight = 0;  // linear: the base's weight in the average (0: not averaged)
   float scale = 1;        // passthrough: out = scale·θ0
-  // slerp: out = base_scale·θ0 + Σ alpha_k Δ_k, set per tensor from that tensor's statistics
-  // (slerp.hpp) before any of its blocks is merged. merge_block refuses slerp without it.
+  bool base_is_reference = false;  // no base_model: θ0 is the config's first model
+  int max_iter = 10;               // karcher
+  double tol = 1e-5;               // karcher
+  double eps = 1e-8;               // multislerp
+  // The methods of uses_tensor_statistics (slerp, model_stock, karcher, multislerp):
+  // out = base_scale·θ0 + Σ alpha_k Δ_k, set per tensor from that tensor's Gram
+  // (tensor_statistics.hpp) before any of its blocks is merged. merge_block refuses them
+  // without it.
   struct LinearForm {
     float base_scale = 1;
     std::vector<float> alpha;  // per expert
@@ -58,7 +64,8 @@ std::uint64_t tensor_name_key(std::string_view tensor_name);
 //  ties, dare_ties: v_k = w_k·Δ'_k, out = θ0 + lambda·merged
 //  nearswap:        out = θ0 + w·Δ with w = min(1, t / max(|Δ|, 1e-6)) per element (one expert)
 //  passthrough:     out = scale·θ0 (no expert; scale 1 copies the bits)
-//  slerp:           out = base_scale·θ0 + alpha·Δ, the tensor's linear_form (one expert)
+//  slerp, model_stock, karcher, multislerp:
+//                   out = base_scale·θ0 + Σ alpha_k Δ_k, the tensor's linear_form
 // Sums and quotients are formed in double from the fp32 weights, then rounded once to fp32.
 struct OperatorScalars {
   float base_scale = 1.0f;

@@ -3,6 +3,7 @@
 // Produced by the planner on rank 0, broadcast to every rank, recorded in the manifest.
 // docs/planner.md describes the fields, the hash and the JSON form.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -65,7 +66,8 @@ struct Plan {
   // Parameters that vary by tensor (MergeSpec::varying_json, compact JSON), "" when none; the
   // per-expert weights and densities above are then the defaults those settings fall back to.
   std::string varying_parameters;
-  std::optional<double> scale;  // passthrough's factor, when given
+  std::optional<double> scale;                   // passthrough's factor, when given
+  std::map<std::string, double> method_options;  // MergeSpec::method_options
 
   std::uint64_t tensor_count = 0;
   std::uint64_t block_count = 0;
@@ -84,7 +86,8 @@ struct Plan {
   // sketch; 0 when the method does not trim by magnitude. Row-major [expert][tensor]. Empty
   // only in a --full-read TIES plan before its thresholds are computed from the data.
   std::vector<float> thresholds;
-  // slerp: per tensor, the linear form merge_block applies (base_scale, then alpha per expert:
+  // Gram methods (slerp, model_stock, karcher, multislerp): per tensor, the linear form
+  // merge_block applies (base_scale, then alpha per expert:
   // tensor_count × (experts + 1), row-major), computed from the data by the --full-read pass.
   // Empty for the other methods, and before that pass.
   std::vector<float> linear_forms;

@@ -1,5 +1,6 @@
 #pragma once
-// TIES trimming thresholds (and slerp's per-tensor sums, slerp.hpp) computed from the data, for
+// TIES trimming thresholds (and the per-tensor Gram of the methods that need one,
+// tensor_gram.hpp) computed from the data, for
 // merges that have no catalog (--full-read):
 // the same magnitude sketch and the same definition as the catalog (SPEC §3), so a full read
 // and a 100%-budget merge agree bit for bit. A scan reads the base and every expert block of a
@@ -12,15 +13,15 @@
 
 #include "mergepipe/block_stream.hpp"
 #include "mergepipe/magnitude_sketch.hpp"
-#include "mergepipe/slerp.hpp"
 #include "mergepipe/tensor.hpp"
+#include "mergepipe/tensor_gram.hpp"
 
 namespace mergepipe {
 
 struct ThresholdScan {
-  // What the scan collects: magnitude sketches (TIES), slerp's sums (one expert), or both.
-  bool sketch = true;
-  bool slerp_sums = false;
+  // What the scan collects: magnitude sketches (TIES), or (gram) each block's Gram of the base
+  // and the deltas (slerp, model_stock, karcher, multislerp).
+  bool gram = false;
   const Blocking* blocking = nullptr;
   const std::vector<TensorInfo>* tensors = nullptr;
   std::vector<double> densities;  // per expert
@@ -48,10 +49,10 @@ struct ScanResult {
   std::vector<std::vector<MagnitudeSketch>> sketches;  // [tensor][expert], sparse form
   // Per scanned block: changed[b][k] is 1 when expert k differs from the base somewhere in it.
   std::unordered_map<std::uint32_t, std::vector<char>> changed;
-  // Per scanned block, slerp's sums of the base and expert 0, accumulated element by element:
-  // the same bits whatever the slicing, the threads or the rank, so a tensor's sum over its
-  // blocks in block order is too.
-  std::unordered_map<std::uint32_t, SlerpSums> slerp_sums;
+  // Per scanned block (gram scans), the Gram of the base and the deltas: the same bits whatever
+  // the slicing, the threads or the rank (GramAccumulator), so a tensor's sum over its blocks
+  // in block order is too.
+  std::unordered_map<std::uint32_t, TensorGram> grams;
   bool complete = true;
   double read_wait_seconds = 0;  // time the scan waited for its reads
 };

@@ -13,8 +13,9 @@
 // rank scans its share of the window's blocks for the thresholds and then merges it. A share
 // that fits in memory is held there (read once, by large requests, O_DIRECT as `input_io` says)
 // while the next one is read; a larger one (an embedding matrix) is read twice, the second time
-// from the page cache. A --full-read slerp task gets its per-tensor coefficients the same way,
-// from the sums of both models that the scan accumulates (slerp.hpp).
+// from the page cache. A --full-read task of a Gram method (slerp, model_stock, karcher,
+// multislerp) gets its per-tensor coefficients the same way, from the Gram of the base and the
+// deltas that the scan accumulates (tensor_gram.hpp).
 //
 // A budgeted merge reads a chunk's admitted expert blocks ahead in pieces held in memory
 // (`expert_piece_bytes`, lib/held_pieces.hpp) while the previous piece merges.
@@ -93,8 +94,8 @@ struct MergeRunResult {
   std::vector<std::string> tensor_hashes;  // rank 0: per tensor (combine_block_hashes)
   std::vector<std::string> files;          // output data files written (names in output_dir)
   std::vector<float> thresholds;           // rank 0, full-read TIES: [expert][tensor] from data
-  std::vector<float> linear_forms;  // rank 0, full-read slerp: Plan::linear_forms from the data
-  double merge_seconds = 0;         // slowest rank
+  std::vector<float> linear_forms;         // rank 0, full-read Gram method: Plan::linear_forms
+  double merge_seconds = 0;                // slowest rank
   double read_wait_seconds = 0, compute_seconds = 0, write_seconds = 0;  // slowest rank
   double scan_seconds = 0;            // slowest rank: full-read TIES threshold scans
   double scan_read_wait_seconds = 0;  // slowest rank: of which waiting for the scans' reads
