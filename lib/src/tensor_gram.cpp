@@ -1,5 +1,6 @@
 #include "mergepipe/tensor_gram.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace mergepipe {
@@ -27,45 +28,79 @@ TensorGram& TensorGram::operator+=(const TensorGram& part) {
 GramAccumulator::GramAccumulator(std::size_t experts)
     : vectors_(experts + 1), lanes_(gram_pair_count(experts + 1) * kLanes, 0.0) {}
 
-void GramAccumulator::add_pair(std::size_t pair, const float* x, const float* y, std::size_t n,
-                               std::uint64_t position) {
-  double* lane = lanes_.data() + pair * kLanes;
+namespace {
+
+// Adds x·y_j of n elements to the lanes of `count` (<= 4) pairs, element e to lane
+// (position + e) % 4 of each. Several pairs at once share the loads of x; each pair's lanes see
+// the same additions in the same order however the pairs are grouped.
+template <std::size_t kCount>
+void add_tile(double* lanes, const double* x, const double* const* y, std::size_t n,
+              std::uint64_t position) {
+  constexpr std::size_t L = GramAccumulator::kLanes;
   std::size_t e = 0;
-  // Up to the next multiple of four, then four lanes at a time (vectorisable), then the rest.
-  for (; e < n && (position + e) % kLanes != 0; ++e)
-    lane[(position + e) % kLanes] += static_cast<double>(x[e]) * static_cast<double>(y[e]);
-  double l0 = lane[0], l1 = lane[1], l2 = lane[2], l3 = lane[3];
-  for (; e + kLanes <= n; e += kLanes) {
-    l0 += static_cast<double>(x[e]) * static_cast<double>(y[e]);
-    l1 += static_cast<double>(x[e + 1]) * static_cast<double>(y[e + 1]);
-    l2 += static_cast<double>(x[e + 2]) * static_cast<double>(y[e + 2]);
-    l3 += static_cast<double>(x[e + 3]) * static_cast<double>(y[e + 3]);
-  }
-  lane[0] = l0;
-  lane[1] = l1;
-  lane[2] = l2;
-  lane[3] = l3;
+  for (; e < n && (position + e) % L != 0; ++e)
+    for (std::size_t j = 0; j < kCount; ++j) lanes[j * L + (position + e) % L] += x[e] * y[j][e];
+  double acc[kCount][L];
+  for (std::size_t j = 0; j < kCount; ++j)
+    for (std::size_t i = 0; i < L; ++i) acc[j][i] = lanes[j * L + i];
+  for (; e + L <= n; e += L)
+    for (std::size_t j = 0; j < kCount; ++j)
+      for (std::size_t i = 0; i < L; ++i) acc[j][i] += x[e + i] * y[j][e + i];
+  for (std::size_t j = 0; j < kCount; ++j)
+    for (std::size_t i = 0; i < L; ++i) lanes[j * L + i] = acc[j][i];
   for (; e < n; ++e)
-    lane[(position + e) % kLanes] += static_cast<double>(x[e]) * static_cast<double>(y[e]);
+    for (std::size_t j = 0; j < kCount; ++j) lanes[j * L + (position + e) % L] += x[e] * y[j][e];
+}
+
+}  // namespace
+
+void GramAccumulator::add_row(std::size_t a, std::size_t b_first, std::size_t b_count,
+                              const double* x, const double* const* ys, std::size_t n,
+                              std::uint64_t position) {
+  double* lanes = lanes_.data() + gram_pair_index(vectors_, a, b_first) * kLanes;
+  std::size_t j = 0;
+  for (; j + 4 <= b_count; j += 4) add_tile<4>(lanes + j * kLanes, x, ys + j, n, position);
+  switch (b_count - j) {
+    case 3:
+      return add_tile<3>(lanes + j * kLanes, x, ys + j, n, position);
+    case 2:
+      return add_tile<2>(lanes + j * kLanes, x, ys + j, n, position);
+    case 1:
+      return add_tile<1>(lanes + j * kLanes, x, ys + j, n, position);
+    default:
+      return;
+  }
 }
 
 void GramAccumulator::add(const float* base, std::span<const float* const> deltas, std::size_t n) {
   if (deltas.size() + 1 != vectors_)
     throw std::invalid_argument("tensor Gram: wrong number of deltas");
-  const auto vector = [&](std::size_t i) { return i == 0 ? base : deltas[i - 1]; };
+  // Present vectors in double; a zero (nullptr) delta's products are zero: skipped.
+  std::vector<std::vector<double>> wide;
+  std::vector<std::size_t> index;
   for (std::size_t i = 0; i < vectors_; ++i) {
-    if (!vector(i)) continue;
-    for (std::size_t j = i; j < vectors_; ++j)
-      if (vector(j)) add_pair(gram_pair_index(vectors_, i, j), vector(i), vector(j), n, elements_);
+    const float* v = i == 0 ? base : deltas[i - 1];
+    if (!v) continue;
+    wide.emplace_back(v, v + n);
+    index.push_back(i);
   }
+  for (std::size_t r = 0; r < index.size(); ++r)
+    for (std::size_t c = r; c < index.size(); ++c) {
+      const double* y = wide[c].data();
+      add_row(index[r], index[c], 1, wide[r].data(), &y, n, elements_);
+    }
   elements_ += n;
 }
 
 TensorGram GramAccumulator::totals() const {
   TensorGram g(vectors_ - 1);
   for (std::size_t p = 0; p < g.sums.size(); ++p) {
-    const double* lane = lanes_.data() + p * kLanes;
-    g.sums[p] = (lane[0] + lane[1]) + (lane[2] + lane[3]);
+    // Pairwise, in a fixed order.
+    double level[kLanes];
+    std::copy_n(lanes_.data() + p * kLanes, kLanes, level);
+    for (std::size_t width = kLanes / 2; width > 0; width /= 2)
+      for (std::size_t i = 0; i < width; ++i) level[i] = level[2 * i] + level[2 * i + 1];
+    g.sums[p] = level[0];
   }
   return g;
 }

@@ -13,15 +13,18 @@ namespace mergepipe {
 namespace {
 // Elements per step: base and one delta chunk stay in L1/L2.
 constexpr std::size_t kChunkElems = 4096;
-// Elements of a slice converted at once by a Gram scan: (experts + 1) fp32 copies of them.
-constexpr std::size_t kGramStepElems = 16 * kChunkElems;
+// Elements of a slice widened at once by a Gram scan ((experts + 1) fp64 copies of them, 5.5 MB
+// at K = 20), and per accumulation chunk (their 21 copies stay in L2).
+constexpr std::size_t kGramStepElems = 32768;
+constexpr std::size_t kGramChunkElems = 2048;
 
-// The Gram scan: per slice step, every expert's deltas converted to fp32 (workers own experts),
-// then the products accumulated (workers own pairs), each pair in element order.
+// The Gram scan: per slice step, every expert's deltas converted (workers own experts), then
+// the products accumulated in cache-sized chunks (workers own tiles of up to four pairs of one
+// row), each pair in element order.
 ScanResult scan_grams(const ThresholdScan& scan, const std::vector<std::uint32_t>& blocks,
                       BlockReader& reader) {
   const Blocking& blocking = *scan.blocking;
-  const std::size_t experts = scan.densities.size();
+  const std::size_t experts = scan.densities.size(), vectors = experts + 1;
   StreamOptions options;
   options.io_threads = scan.io_threads;
   options.depth = scan.prefetch_depth;
@@ -30,10 +33,18 @@ ScanResult scan_grams(const ThresholdScan& scan, const std::vector<std::uint32_t
   BlockStream stream(blocking, blocks, experts, reader, std::move(options));
   WorkerPool pool(scan.threads);
   const auto workers = static_cast<std::size_t>(pool.size());
-  constexpr std::size_t kChunks = kGramStepElems / kChunkElems;
-  std::vector<float> base(kGramStepElems);
-  std::vector<std::vector<float>> delta(experts, std::vector<float>(kGramStepElems));
+  constexpr std::size_t kChunks = kGramStepElems / kGramChunkElems;
+  // The vectors of the current step as doubles (exact), and which chunks of a delta are zero.
+  std::vector<std::vector<double>> wide(vectors, std::vector<double>(kGramStepElems));
+  std::vector<float> base_f32(kGramChunkElems * workers), delta_f32(kGramChunkElems * workers);
   std::vector<char> unchanged(experts * kChunks);  // [expert][chunk] of the current step
+  struct Tile {
+    std::size_t a, b_first, count;
+  };
+  std::vector<Tile> tiles;
+  for (std::size_t a = 0; a < vectors; ++a)
+    for (std::size_t b = a; b < vectors; b += 4)
+      tiles.push_back({a, b, std::min<std::size_t>(4, vectors - b)});
   ScanResult result;
   std::vector<char> slice_changed(experts);
   GramAccumulator block_gram(experts);
@@ -49,37 +60,53 @@ ScanResult scan_grams(const ThresholdScan& scan, const std::vector<std::uint32_t
     for (std::uint64_t step = 0; step < loaded->elem_count; step += kGramStepElems) {
       const std::size_t n = std::min<std::uint64_t>(kGramStepElems, loaded->elem_count - step);
       const std::byte* base_bytes = loaded->base.data() + step * size;
-      convert_to_f32(dtype, base_bytes, base.data(), n);
       pool.run([&](int worker) {
-        for (std::size_t k = static_cast<std::size_t>(worker); k < experts; k += workers) {
-          const std::byte* expert_bytes = loaded->experts[k].data() + step * size;
-          for (std::size_t c = 0; c * kChunkElems < n; ++c) {
-            const std::size_t first = c * kChunkElems, m = std::min(kChunkElems, n - first);
-            ZeroDeltaCheck same(base_bytes + first * size, m * size, base.data() + first, m);
-            unchanged[k * kChunks + c] = same(expert_bytes + first * size) ? 1 : 0;
+        const auto w = static_cast<std::size_t>(worker);
+        float* const local_base = base_f32.data() + w * kGramChunkElems;
+        float* const local_delta = delta_f32.data() + w * kGramChunkElems;
+        // Worker 0 widens the base; every worker checks and widens its experts' deltas, chunk
+        // by chunk (the zero check compares bytes, the conversion needs the base in fp32).
+        for (std::size_t c = 0; c * kGramChunkElems < n; ++c) {
+          const std::size_t first = c * kGramChunkElems, m = std::min(kGramChunkElems, n - first);
+          const std::byte* chunk_base = base_bytes + first * size;
+          convert_to_f32(dtype, chunk_base, local_base, m);
+          if (w == 0) std::copy_n(local_base, m, wide[0].data() + first);
+          ZeroDeltaCheck same(chunk_base, m * size, local_base, m);
+          for (std::size_t k = w; k < experts; k += workers) {
+            const std::byte* expert_bytes = loaded->experts[k].data() + (step + first) * size;
+            unchanged[k * kChunks + c] = same(expert_bytes) ? 1 : 0;
             if (unchanged[k * kChunks + c]) continue;
             slice_changed[k] = 1;
-            convert_delta_to_f32(dtype, expert_bytes + first * size, base.data() + first,
-                                 delta[k].data() + first, m);
+            convert_delta_to_f32(dtype, expert_bytes, local_base, local_delta, m);
+            std::copy_n(local_delta, m, wide[k + 1].data() + first);
           }
         }
       });
       const std::uint64_t position = block_gram.elements();
-      const std::size_t vectors = experts + 1;
       pool.run([&](int worker) {
-        std::size_t pair = 0;
-        for (std::size_t a = 0; a < vectors; ++a) {
-          for (std::size_t b = a; b < vectors; ++b, ++pair) {
-            if (pair % workers != static_cast<std::size_t>(worker)) continue;
-            for (std::size_t c = 0; c * kChunkElems < n; ++c) {
-              // A zero delta's products are zero: skipped (the same bits).
-              if ((a > 0 && unchanged[(a - 1) * kChunks + c]) ||
-                  (b > 0 && unchanged[(b - 1) * kChunks + c]))
+        std::vector<const double*> ys(4);
+        for (std::size_t c = 0; c * kGramChunkElems < n; ++c) {
+          const std::size_t first = c * kGramChunkElems, m = std::min(kGramChunkElems, n - first);
+          const auto zero = [&](std::size_t v) {
+            return v > 0 && unchanged[(v - 1) * kChunks + c];
+          };
+          for (std::size_t t = static_cast<std::size_t>(worker); t < tiles.size(); t += workers) {
+            const Tile& tile = tiles[t];
+            if (zero(tile.a)) continue;  // a zero delta's products are zero: skipped (same bits)
+            // Runs of non-zero vectors within the tile.
+            for (std::size_t j = 0; j < tile.count;) {
+              if (zero(tile.b_first + j)) {
+                ++j;
                 continue;
-              const std::size_t first = c * kChunkElems, m = std::min(kChunkElems, n - first);
-              const float* x = a == 0 ? base.data() : delta[a - 1].data();
-              const float* y = b == 0 ? base.data() : delta[b - 1].data();
-              block_gram.add_pair(pair, x + first, y + first, m, position + first);
+              }
+              std::size_t run = 0;
+              while (j + run < tile.count && !zero(tile.b_first + j + run)) {
+                ys[run] = wide[tile.b_first + j + run].data() + first;
+                ++run;
+              }
+              block_gram.add_row(tile.a, tile.b_first + j, run, wide[tile.a].data() + first,
+                                 ys.data(), m, position + first);
+              j += run;
             }
           }
         }

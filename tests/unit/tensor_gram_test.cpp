@@ -77,16 +77,25 @@ TEST(TensorGram, BitsDoNotDependOnHowTheBlockIsSliced) {
   for (const std::vector<std::size_t>& pieces :
        std::vector<std::vector<std::size_t>>{{1}, {3}, {4096}, {5, 7, 4001}, {2, 1}})
     EXPECT_EQ(accumulate(f, pieces).sums, whole.sums);  // exact, not near
-  // Pairs added one by one at explicit positions (the scan's workers) give the same bits too.
+  // Pairs added in tiles at explicit positions (the scan's workers) give the same bits too,
+  // whatever the grouping of a row's pairs and the order of rows.
   GramAccumulator by_pair(4);
   for (std::size_t first = 0; first < f.base.size(); first += 999) {
     const std::size_t n = std::min<std::size_t>(999, f.base.size() - first);
-    const auto vec = [&](std::size_t i) {
-      return (i == 0 ? f.base.data() : f.deltas[i - 1].data()) + first;
-    };
-    for (std::size_t i = 4 + 1; i-- > 0;)  // any order of pairs
-      for (std::size_t j = i; j < 5; ++j)
-        by_pair.add_pair(gram_pair_index(5, i, j), vec(i), vec(j), n, by_pair.elements());
+    std::vector<std::vector<double>> wide;
+    for (std::size_t i = 0; i < 5; ++i) {
+      const float* v = (i == 0 ? f.base.data() : f.deltas[i - 1].data()) + first;
+      wide.emplace_back(v, v + n);
+    }
+    for (std::size_t a = 5; a-- > 0;) {
+      for (std::size_t b = a; b < 5;) {
+        const std::size_t count = std::min<std::size_t>(1 + (a + b) % 3, 5 - b);
+        std::vector<const double*> ys;
+        for (std::size_t j = 0; j < count; ++j) ys.push_back(wide[b + j].data());
+        by_pair.add_row(a, b, count, wide[a].data(), ys.data(), n, by_pair.elements());
+        b += count;
+      }
+    }
     by_pair.advance(n);
   }
   EXPECT_EQ(by_pair.totals().sums, whole.sums);

@@ -51,14 +51,15 @@ class GramAccumulator {
   explicit GramAccumulator(std::size_t experts = 0);
   std::size_t vectors() const { return vectors_; }
   std::size_t pair_count() const { return gram_pair_count(vectors_); }
-  // Adds Σ x[e]·y[e] over e < n to pair `pair`, for elements at positions position + e of the
-  // block. Pairs are independent: different pairs may be added concurrently.
-  void add_pair(std::size_t pair, const float* x, const float* y, std::size_t n,
-                std::uint64_t position);
+  // Adds Σ x[e]·y_j[e] over e < n to the pairs (a, b_first + j), j < b_count, for elements at
+  // positions position + e of the block (x = v_a and y_j = v_{b_first + j} there, as doubles:
+  // fp32 values widened, so every product is exact). Different pairs may be added concurrently.
+  void add_row(std::size_t a, std::size_t b_first, std::size_t b_count, const double* x,
+               const double* const* ys, std::size_t n, std::uint64_t position);
   // Adds n elements at position `elements()` to every pair: deltas[k] = nullptr when Δ_k is
   // zero there (its products are zero: skipped, which gives the same bits).
   void add(const float* base, std::span<const float* const> deltas, std::size_t n);
-  // Elements added so far through add() (or declared through advance() by callers of add_pair).
+  // Elements added so far through add() (or declared through advance() by callers of add_row).
   std::uint64_t elements() const { return elements_; }
   void advance(std::uint64_t n) { elements_ += n; }
   // The block's sums: each pair's lanes added in lane order.
