@@ -410,7 +410,8 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
       for (const auto& [pkey, pvalue] :
            r.entries(value, key,
                      {"normalize", "lambda", "weight", "density", "rescale", "t", "int8_mask",
-                      "scale", "normalize_weights", "max_iter", "tol", "eps", "filter_wise"})) {
+                      "scale", "normalize_weights", "max_iter", "tol", "eps", "filter_wise",
+                      "nuslerp_flatten", "nuslerp_row_wise"})) {
         const std::string full = key + "." + pkey;
         gave_lambda |= pkey == "lambda";
         gave_normalize |= pkey == "normalize";
@@ -424,7 +425,8 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
         // same, and masks here are never materialised: accepted, it changes nothing.
         if (pkey == "int8_mask") (void)r.flag(pvalue, full);
         if (pkey == "normalize_weights") normalize_weights = r.flag(pvalue, full);
-        if (pkey == "filter_wise") spec.method_options[pkey] = r.flag(pvalue, full) ? 1.0 : 0.0;
+        if (pkey == "filter_wise" || pkey == "nuslerp_flatten" || pkey == "nuslerp_row_wise")
+          spec.method_options[pkey] = r.flag(pvalue, full) ? 1.0 : 0.0;
         if (pkey == "max_iter" || pkey == "tol" || pkey == "eps")
           spec.method_options[pkey] = r.number(pvalue, full);
         if (pkey == "t" || pkey == "lambda" || pkey == "weight" || pkey == "density" ||
@@ -499,13 +501,14 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
     read_passthrough_slices(r, *slices, spec, model_path);
     if (!have_base) spec.base_model = spec.slices.front().model;
   } else {
-    const bool base_optional = spec.method == MergeMethod::kLinear ||
-                               spec.method == MergeMethod::kKarcher ||
-                               spec.method == MergeMethod::kMultislerp;
+    const bool base_optional =
+        spec.method == MergeMethod::kLinear || spec.method == MergeMethod::kKarcher ||
+        spec.method == MergeMethod::kMultislerp || spec.method == MergeMethod::kNuslerp;
     if (!have_base && !base_optional && !passthrough) {
       r.fail(root, "base_model",
              "missing (" + std::string(merge_method_name(spec.method)) +
-                 " merges deltas against a base; only linear, karcher and multislerp take none)");
+                 " merges deltas against a base; only linear, karcher, multislerp and nuslerp take "
+                 "none)");
     }
     if (!have_models) r.fail(root, "models", "missing");
     if (!models.IsSequence()) r.fail(models, "models", "expected a list of models");
@@ -586,9 +589,11 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
                                      " (" + why + ")");
   };
   const bool nearswap = spec.method == MergeMethod::kNearswap;
-  const bool geometric = spec.method == MergeMethod::kModelStock ||
-                         spec.method == MergeMethod::kKarcher ||
-                         spec.method == MergeMethod::kMultislerp;
+  const bool geometric =
+      spec.method == MergeMethod::kModelStock || spec.method == MergeMethod::kKarcher ||
+      spec.method == MergeMethod::kMultislerp || spec.method == MergeMethod::kNuslerp;
+  const bool weighted = spec.method == MergeMethod::kMultislerp ||
+                        spec.method == MergeMethod::kNuslerp;  // their weights count
   if (spec.method == MergeMethod::kMultislerp) {
     // mergekit's multislerp reads normalize_weights (default true) and no `normalize`.
     ignored(gave_normalize, "normalize", "its weights are normalised by 'normalize_weights'");
@@ -603,10 +608,13 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
     ignored(gave_density, "density", "it keeps every entry");
     ignored(gave_normalize && spec.method != MergeMethod::kMultislerp, "normalize",
             "its coefficients come from the models' geometry");
-    ignored(gave_weight && spec.method != MergeMethod::kMultislerp, "weight",
+    ignored(gave_weight && !weighted, "weight",
             spec.method == MergeMethod::kKarcher ? "karcher weighs every model equally"
                                                  : "it averages the experts equally");
   }
+  ignored(spec.method == MergeMethod::kNuslerp && spec.method_options.count("nuslerp_row_wise") &&
+              spec.option("nuslerp_flatten", 1) != 0,
+          "nuslerp_row_wise", "the whole tensor is one vector while nuslerp_flatten is true");
   ignored(gave_lambda && (spec.method == MergeMethod::kLinear || nearswap), "lambda",
           nearswap ? "it moves each entry by t" : "a weighted average has no scale");
   ignored(gave_density && (is_additive(spec.method) || nearswap), "density",

@@ -21,6 +21,7 @@ std::optional<MergeMethod> parse_merge_method(std::string_view name) {
   if (name == "model_stock") return MergeMethod::kModelStock;
   if (name == "karcher") return MergeMethod::kKarcher;
   if (name == "multislerp") return MergeMethod::kMultislerp;
+  if (name == "nuslerp") return MergeMethod::kNuslerp;
   return std::nullopt;
 }
 
@@ -48,13 +49,15 @@ std::string_view merge_method_name(MergeMethod method) {
       return "karcher";
     case MergeMethod::kMultislerp:
       return "multislerp";
+    case MergeMethod::kNuslerp:
+      return "nuslerp";
   }
   return "?";
 }
 
 std::string supported_method_names() {
   return "linear, task_arithmetic, ties, dare_linear, dare_ties, nearswap, passthrough, slerp, "
-         "model_stock, karcher, multislerp";
+         "model_stock, karcher, multislerp, nuslerp";
 }
 
 bool default_normalize(MergeMethod method) {
@@ -76,7 +79,8 @@ bool uses_dare(MergeMethod method) {
 }
 bool uses_tensor_statistics(MergeMethod method) {
   return method == MergeMethod::kSlerp || method == MergeMethod::kModelStock ||
-         method == MergeMethod::kKarcher || method == MergeMethod::kMultislerp;
+         method == MergeMethod::kKarcher || method == MergeMethod::kMultislerp ||
+         method == MergeMethod::kNuslerp;
 }
 std::string tensor_statistics_needed(MergeMethod method) {
   switch (method) {
@@ -90,6 +94,8 @@ std::string tensor_statistics_needed(MergeMethod method) {
     case MergeMethod::kMultislerp:
       return "multislerp's coefficients depend on the norms and angles of all the models per "
              "tensor";
+    case MergeMethod::kNuslerp:
+      return "nuslerp's coefficients depend on the two models' norms and dot product per tensor";
     default:
       return std::string(merge_method_name(method)) + " needs no per-tensor statistics";
   }
@@ -257,8 +263,8 @@ void MergeSpec::validate() const {
   // The base takes part as a weighted model in linear (and is multislerp's first vector, and an
   // unweighted point of karcher's mean, when the config has no base_model).
   if (base_weight && method != MergeMethod::kLinear &&
-      !(base_is_reference &&
-        (method == MergeMethod::kMultislerp || method == MergeMethod::kKarcher)))
+      !(base_is_reference && (method == MergeMethod::kMultislerp ||
+                              method == MergeMethod::kKarcher || method == MergeMethod::kNuslerp)))
     throw UsageError("config: a weight for the base model applies to linear only");
   validate_method_options();
   const std::string name(merge_method_name(method));
@@ -281,6 +287,14 @@ void MergeSpec::validate() const {
     if (!t && !varying.count("t"))
       throw UsageError("config: slerp needs parameter 't' (0 keeps the base, 1 the other model)");
     if (t && !std::isfinite(*t)) throw UsageError("config: parameter 't' is not finite");
+  } else if (method == MergeMethod::kNuslerp) {
+    if (experts.size() != (base_is_reference ? 1u : 2u)) {
+      throw UsageError(
+          "config: nuslerp interpolates between two models (plus an optional base_model, not one "
+          "of them), but 'models' lists " +
+          std::to_string(experts.size() + (base_is_reference ? 1 : 0)) +
+          (base_is_reference ? "" : " besides the base"));
+    }
   } else if (method == MergeMethod::kModelStock) {
     if (experts.size() < 2) {
       throw UsageError(
@@ -333,7 +347,9 @@ void MergeSpec::validate_method_options() const {
   static constexpr Option kOptions[] = {{"max_iter", MergeMethod::kKarcher, true},
                                         {"tol", MergeMethod::kKarcher, false},
                                         {"eps", MergeMethod::kMultislerp, false},
-                                        {"filter_wise", MergeMethod::kModelStock, true}};
+                                        {"filter_wise", MergeMethod::kModelStock, true},
+                                        {"nuslerp_flatten", MergeMethod::kNuslerp, true},
+                                        {"nuslerp_row_wise", MergeMethod::kNuslerp, true}};
   for (const auto& [key, value] : method_options) {
     const Option* option = nullptr;
     for (const Option& o : kOptions)
@@ -351,6 +367,11 @@ void MergeSpec::validate_method_options() const {
     throw UsageError(
         "config: model_stock's filter_wise (one t per row of each tensor) is not supported yet; "
         "without it each tensor takes one t");
+  if (option("nuslerp_flatten", 1) == 0)
+    throw UsageError(
+        "config: nuslerp_flatten: false (one slerp per row, or per column with "
+        "nuslerp_row_wise) is not supported yet; with the default (true) each tensor is one "
+        "vector");
 }
 
 Coefficients additive_coefficients(const MergeSpec& spec) {

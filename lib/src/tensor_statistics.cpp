@@ -6,6 +6,7 @@
 #include "mergepipe/karcher.hpp"
 #include "mergepipe/model_stock.hpp"
 #include "mergepipe/multislerp.hpp"
+#include "mergepipe/nuslerp.hpp"
 #include "mergepipe/slerp.hpp"
 
 namespace mergepipe {
@@ -29,6 +30,12 @@ OperatorConfig::LinearForm linear_form_from_gram(const OperatorConfig& cfg, cons
       in.normalize_weights = cfg.normalize;
       in.eps = cfg.eps;
       return multislerp_linear_form(multislerp_decision(gram, in, tensor), in);
+    }
+    case MergeMethod::kNuslerp: {
+      const bool models = cfg.base_is_reference;
+      const double wa = models ? cfg.base_weight : cfg.weights.at(0);
+      const double wb = models ? cfg.weights.at(0) : cfg.weights.at(1);
+      return nuslerp_linear_form(nuslerp_decision(gram, wa, wb, models), models);
     }
     default:
       throw std::invalid_argument(

@@ -41,7 +41,7 @@ refused 1 "bad\.yaml:4: key 'models\[0\]\.mdoel': unknown key" "${head}models:\n
 refused 1 "bad\.yaml:4: key 'merge_method': given twice" "${head}models: [fam/expert00]\nmerge_method: ties\n"
 refused 1 "bad\.yaml:1: key 'merge_method': unsupported method 'sce'" \
   "merge_method: sce\nbase_model: fam/base\nmodels: [fam/expert00]\n"
-refused 1 "bad\.yaml:.*key 'base_model': missing \(ties merges deltas against a base; only linear, karcher and multislerp take none\)" "merge_method: ties\nmodels: [fam/expert00]\n"
+refused 1 "bad\.yaml:.*key 'base_model': missing \(ties merges deltas against a base; only linear, karcher, multislerp and nuslerp take none\)" "merge_method: ties\nmodels: [fam/expert00]\n"
 refused 1 "bad\.yaml: config: a linear merge without base_model needs two models or more" "merge_method: linear\nmodels: [fam/expert00]\n"
 refused 1 "bad\.yaml: config: 'models' lists no expert to merge" "${head}models: []\n"
 refused 1 "bad\.yaml:4: key 'dtype': unsupported dtype 'int8'" "${head}models: [fam/expert00]\ndtype: int8\n"

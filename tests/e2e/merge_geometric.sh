@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# model_stock, karcher and multislerp (mergekit's methods whose coefficients come from each
+# model_stock, karcher, multislerp and nuslerp (mergekit's methods whose coefficients come from each
 # tensor's norms and angles) through the streaming executor: against an independent numpy
 # reference, with and without base_model; the same bytes on 1, 2 and 3 ranks and after a replay;
 # a budget refused with the reason; mergekit's rules on the models and parameters.
@@ -43,8 +43,20 @@ models:
 dtype: float32
 YAML
 grep -v '^base_model' mslerp.yaml >mslerp-models.yaml
+# nuslerp of two experts' deltas (with base_model), and of two models (without).
+cat >nuslerp.yaml <<YAML
+merge_method: nuslerp
+base_model: fam/base
+models:
+  - model: fam/expert00
+    parameters: {weight: 0.6}
+  - model: fam/expert01
+    parameters: {weight: 0.4}
+dtype: float32
+YAML
+sed -e '/^base_model/d' -e 's|fam/expert00|fam/base|' nuslerp.yaml >nuslerp-models.yaml
 
-for c in stock karcher mslerp mslerp-models; do
+for c in stock karcher mslerp mslerp-models nuslerp nuslerp-models; do
   run_np 2 merge $c.yaml --out $c-2 --quiet
   "$PYTHON" "$REF" $c.yaml $c-2
   run_np 1 merge $c.yaml --out $c-1 --quiet
@@ -74,7 +86,7 @@ forms = [t["linear_form"] for t in plan["tensors"]]
 assert all(len(f) == 4 and f[0] == 1.0 and f[1] == f[2] == f[3] for f in forms), forms[:3]
 print(f"model_stock: t/N between {min(f[1] for f in forms):.3f} and {max(f[1] for f in forms):.3f}")
 PY
-for c in stock karcher mslerp-models; do
+for c in stock karcher mslerp-models nuslerp; do
   "$MERGEPIPE" replay $c-2/mergepipe.manifest.json --out $c-replay --quiet
   same_model_files $c-2 $c-replay
 done
@@ -101,6 +113,11 @@ expect_exit 2 "model_stock's filter_wise .* is not supported yet" run_np 1 merge
 { cat stock.yaml; echo "parameters: {eps: 0.001}"; } >stock-eps.yaml
 expect_exit 2 "parameter 'eps' belongs to multislerp; model_stock does not take it" \
   run_np 1 merge stock-eps.yaml --out bad
+{ cat nuslerp.yaml; echo "parameters: {nuslerp_flatten: false}"; } >nuslerp-rows.yaml
+expect_exit 2 "nuslerp_flatten: false .* is not supported yet" run_np 1 merge nuslerp-rows.yaml --out bad
+sed '/weight: 0.4/a\  - model: fam/expert02' nuslerp.yaml >nuslerp-three.yaml
+expect_exit 2 "nuslerp interpolates between two models .*lists 3 besides the base" \
+  run_np 1 merge nuslerp-three.yaml --out bad
 sed 's/max_iter: 20/max_iter: 2.5/' karcher.yaml >karcher-iter.yaml
 expect_exit 2 "parameter 'max_iter' must be a whole number >= 0" run_np 1 merge karcher-iter.yaml --out bad
 grep -v '^base_model' stock.yaml >stock-no-base.yaml

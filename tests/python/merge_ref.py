@@ -158,6 +158,18 @@ def multislerp_of(vectors, weights, normalize, eps):
     return (mean * math.cos(tn) + tangent * (math.sin(tn) / tn)) * float((norms * w).sum())
 
 
+def nuslerp_of(t, v0, v1):
+    """mergekit's nuslerp of two whole vectors (float64): norms clamped at 1e-7, lerp when
+    |sin theta| < 1e-8."""
+    u0 = v0 / max(float(np.linalg.norm(v0)), 1e-7)
+    u1 = v1 / max(float(np.linalg.norm(v1)), 1e-7)
+    theta = math.acos(min(1.0, max(-1.0, float(np.dot(u0, u1)))))
+    s = math.sin(theta)
+    if abs(s) < 1e-8:
+        return (1 - t) * v0 + t * v1
+    return (math.sin((1 - t) * theta) * v0 + math.sin(t * theta) * v1) / s
+
+
 def main():
     config_path, merged_dir = sys.argv[1], sys.argv[2]
     cfg = yaml.safe_load(open(config_path))
@@ -264,6 +276,17 @@ def main():
             avg = sum(e[name][0].astype(np.float64) for e in experts) / n_ft
             ref = t * avg + (1 - t) * theta0.astype(np.float64)
             terms = np.abs(theta0) + sum(np.abs(t / n_ft * d) for d in deltas)
+        elif method == "nuslerp":
+            wsum_ab = weights[0] + weights[1]
+            t = 0.5 if abs(wsum_ab) < 1e-6 else weights[1] / wsum_ab
+            shape = theta0.shape
+            if average_only:  # the two models themselves
+                a, b = (e[name][0].astype(np.float64).ravel() for e in experts)
+                ref = nuslerp_of(t, a, b).reshape(shape)
+            else:
+                a, b = (d.astype(np.float64).ravel() for d in deltas)
+                ref = theta0.astype(np.float64) + nuslerp_of(t, a, b).reshape(shape)
+            terms = np.abs(theta0) + np.abs(ref) + sum(np.abs(d) for d in deltas)
         elif method in ("karcher", "multislerp"):
             if average_only:
                 points = [e[name][0].astype(np.float64) for e in experts]  # every model, the first too
@@ -293,7 +316,7 @@ def main():
             tol = np.abs(ref) * 2.0 ** -11 + 2.0 ** -25  # one fp16 rounding (subnormals too)
         else:
             tol = np.abs(ref) * 2e-6 + 1e-9 * max(1.0, float(np.abs(theta0).max(initial=0)))
-        if method in ("slerp", "model_stock", "karcher", "multislerp"):
+        if method in ("slerp", "model_stock", "karcher", "multislerp", "nuslerp"):
             tol = tol + terms * 2.0 ** -21  # (s0 + s1)*base + s1*delta in fp32: a few ulps of the terms
         err = np.abs(got.astype(np.float32) - ref)
         if np.any(err > tol):
@@ -325,7 +348,7 @@ def main():
         sigma = math.sqrt(densities[0] * (1 - densities[0]) / changed)
         print(f"dare: kept fraction {frac:.4f} of {changed} non-zero deltas, density {densities[0]} (sigma {sigma:.4f})")
         assert abs(frac - densities[0]) < 5 * sigma + 1e-3, (frac, densities[0])
-    geometric = ("slerp", "model_stock", "karcher", "multislerp")
+    geometric = ("slerp", "model_stock", "karcher", "multislerp", "nuslerp")
     if method in geometric and all(merged[n][1] == "F32" for n in base):
         assert rel_l2 <= 1e-6, f"{method}: relative L2 {rel_l2:.3g} above 1e-6"
     print(f"{method}: matches the numpy reference (worst relative error {worst:.3g}, "

@@ -17,6 +17,7 @@
 #include "mergepipe/layer_names.hpp"
 #include "mergepipe/model_stock.hpp"
 #include "mergepipe/multislerp.hpp"
+#include "mergepipe/nuslerp.hpp"
 #include "mergepipe/operators.hpp"
 #include "mergepipe/parameter_setting.hpp"
 #include "mergepipe/slerp.hpp"
@@ -67,8 +68,8 @@ const std::map<std::string, std::string>& skipped_cases() {
 // Methods whose operator does not exist yet (issue 38); their cases are counted, not checked.
 bool method_missing(const std::string& method) {
   static const std::vector<std::string> available = {
-      "linear",      "task_arithmetic", "ties",        "dare_linear", "dare_ties", "nearswap",
-      "passthrough", "slerp",           "model_stock", "karcher",     "multislerp"};
+      "linear",      "task_arithmetic", "ties",        "dare_linear", "dare_ties",  "nearswap",
+      "passthrough", "slerp",           "model_stock", "karcher",     "multislerp", "nuslerp"};
   return std::find(available.begin(), available.end(), method) == available.end();
 }
 
@@ -82,6 +83,11 @@ std::optional<std::string> skip_reason(const json& c) {
   if (c["method"] == "model_stock" && global.contains("filter_wise") &&
       as_number(global["filter_wise"]) != 0.0)
     return "model_stock's filter_wise (one t per row) is not built yet";
+  // nuslerp_flatten: false slerps each row (each column with row_wise); a 1-D tensor's one row
+  // is the whole tensor, as flattened.
+  if (c["method"] == "nuslerp" && global.contains("nuslerp_flatten") &&
+      as_number(global["nuslerp_flatten"]) == 0.0 && c["expected_shape"].size() > 1)
+    return "nuslerp_flatten: false on a matrix (one slerp per row) is not built yet";
   if (c["method"] == "ties" && global.contains("rescale") && as_number(global["rescale"]) != 0.0)
     return "rescale: true on ties (the trimmed delta scaled by its L1 ratio) is not built yet";
   const std::size_t n =
@@ -129,7 +135,8 @@ Replay replay_inputs(const json& c) {
     if (!scale.is_null()) r.cfg.scale = static_cast<float>(as_number(scale));
     return r;
   }
-  const bool reference_methods = c["method"] == "karcher" || c["method"] == "multislerp";
+  const bool reference_methods =
+      c["method"] == "karcher" || c["method"] == "multislerp" || c["method"] == "nuslerp";
   if (c["base_model"].is_null()) {
     r.base = models.front();
     if (reference_methods) {
@@ -298,6 +305,15 @@ TEST(GoldenMergekit, EveryDeterministicCaseOfAnAvailableMethodMatches) {
         for (std::size_t i = 0; i < got.size(); ++i)
           EXPECT_NEAR(got[i], want[i], 1e-6 * std::max(1.0, want[i])) << id;
       }
+      if (method == "nuslerp") {
+        const bool models = r.cfg.base_is_reference;
+        const NuslerpDecision d =
+            nuslerp_decision(gram, models ? r.cfg.base_weight : r.cfg.weights[0],
+                             models ? r.cfg.weights[0] : r.cfg.weights[1], models);
+        EXPECT_NEAR(d.t, mid["t"].get<double>(), 1e-7) << id;
+        EXPECT_NEAR(d.cos_theta, mid["cos_theta"][0].get<double>(), 1e-6) << id;
+        EXPECT_EQ(d.colinear, mid["colinear_lerp_used"][0].get<int>() != 0) << id;
+      }
       r.cfg.linear_form = linear_form_from_gram(r.cfg, gram, id);
     }
     const std::vector<float> want = flat(c["expected"]);
@@ -309,9 +325,9 @@ TEST(GoldenMergekit, EveryDeterministicCaseOfAnAvailableMethodMatches) {
   }
   // Every available method is exercised, and nothing is skipped without a listed reason.
   for (const char* m : {"linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "nearswap",
-                        "passthrough", "slerp", "model_stock", "karcher", "multislerp"})
+                        "passthrough", "slerp", "model_stock", "karcher", "multislerp", "nuslerp"})
     EXPECT_GT(checked_per_method[m], 0u) << m;
-  EXPECT_GE(checked, 98u);  // 74, then model_stock 7, karcher 10, multislerp 7
+  EXPECT_GE(checked, 105u);  // 74, then model_stock 7, karcher 10, multislerp 7, nuslerp 7
   RecordProperty("checked", static_cast<int>(checked));
   RecordProperty("skipped", static_cast<int>(skipped));
   RecordProperty("missing_method", static_cast<int>(missing));

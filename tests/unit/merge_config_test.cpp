@@ -103,6 +103,18 @@ TEST(MergeConfig, GeometricMethodParameters) {
             std::string::npos);
   EXPECT_TRUE(io::parse_merge_config("merge_method: multislerp\nmodels: [/a, /c]\n", "c.yaml")
                   .effective_normalize());
+  // nuslerp: two models without a base (the first is the reference, with its weight);
+  // row_wise changes nothing while flatten is true, and says so.
+  const MergeSpec nu = io::parse_merge_config(
+      "merge_method: nuslerp\nmodels:\n  - model: /a\n    parameters: {weight: 0.3}\n"
+      "  - model: /c\n    parameters: {weight: 0.7}\nparameters: {nuslerp_row_wise: true}\n",
+      "c.yaml");
+  EXPECT_TRUE(nu.base_is_reference);
+  EXPECT_EQ(nu.base_weight, 0.3);
+  ASSERT_EQ(nu.experts.size(), 1u);
+  EXPECT_EQ(nu.experts[0].weight, 0.7);
+  ASSERT_EQ(nu.config_warnings.size(), 1u);
+  EXPECT_NE(nu.config_warnings[0].find("'nuslerp_row_wise' changes nothing"), std::string::npos);
   // model_stock drops the base listed among its models, as mergekit gathers it apart.
   const MergeSpec stock = io::parse_merge_config(
       "merge_method: model_stock\nbase_model: /b\nmodels: [/b, /a, /c]\n", "c.yaml");
@@ -253,6 +265,10 @@ TEST(MergeConfig, ErrorsNameFileKeyAndLine) {
        {"'max_iter' must be a whole number >= 0"}},
       {"merge_method: multislerp\nmodels: [/a, /c]\nparameters: {tol: 0.1}\n",
        {"'tol' belongs to karcher; multislerp does not take it"}},
+      {"merge_method: nuslerp\nbase_model: /b\nmodels: [/a]\n",
+       {"nuslerp interpolates between two models", "lists 1 besides the base"}},
+      {"merge_method: nuslerp\nmodels: [/a, /c]\nparameters: {nuslerp_flatten: false}\n",
+       {"nuslerp_flatten: false", "is not supported yet"}},
       {"merge_method: model_stock\nbase_model: /b\nmodels: [/a]\n",
        {"model_stock needs the base and two models or more"}},
       {"merge_method: sce\nbase_model: /b\nmodels: [/a]\n",

@@ -119,6 +119,7 @@ double reference_gain(const RandomCase& rc, std::size_t k, std::size_t b,
     case MergeMethod::kModelStock:
     case MergeMethod::kKarcher:
     case MergeMethod::kMultislerp:
+    case MergeMethod::kNuslerp:
       return 0.0;  // no expert, or read whole (--full-read): never planned
   }
   return 0.0;

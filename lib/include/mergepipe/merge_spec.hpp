@@ -24,7 +24,8 @@ enum class MergeMethod {
   kSlerp,
   kModelStock,
   kKarcher,
-  kMultislerp
+  kMultislerp,
+  kNuslerp
 };
 
 std::optional<MergeMethod> parse_merge_method(std::string_view name);
@@ -81,7 +82,8 @@ struct MergeSpec {
   std::optional<double> t;  // nearswap: the similarity threshold; slerp: the interpolation point
   std::optional<double> scale;  // passthrough: a factor on every copied value
   // Scalar options of one method, by mergekit's name: karcher's max_iter and tol, multislerp's
-  // eps, model_stock's filter_wise (0 or 1). Absent: the method's default.
+  // eps, model_stock's filter_wise, nuslerp's nuslerp_flatten and nuslerp_row_wise (flags: 0 or
+  // 1). Absent: the method's default.
   std::map<std::string, double> method_options;
   double option(const std::string& name, double fallback) const {
     const auto it = method_options.find(name);
