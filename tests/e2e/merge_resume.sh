@@ -84,20 +84,22 @@ run_np 2 merge ties.yaml --full-read --block-bytes 256KiB --out res-full --quiet
 same_model_files ref-full res-full
 [[ "$(json_get res-full/mergepipe.manifest.json plan_hash)" == "$(json_get ref-full/mergepipe.manifest.json plan_hash)" ]] ||
   fail "the resumed full read recorded other thresholds"
-# --full-read slerp: each tensor's coefficients come from the scan too, and are journaled.
-cat >slerp.yaml <<YAML
-merge_method: slerp
+# A geometric method (model_stock; slerp, karcher, multislerp and nuslerp take the same path):
+# each tensor's linear form (base scale and one coefficient per expert) comes from the scan's
+# Gram, and is journaled.
+cat >stock.yaml <<YAML
+merge_method: model_stock
 base_model: fam/base
-models:
-  - model: fam/expert01
-parameters: {t: 0.4}
+models: [fam/expert00, fam/expert01, fam/expert02]
 YAML
-run_np 2 merge slerp.yaml --full-read --block-bytes 256KiB --out ref-slerp --quiet
-kill_part_way 2 res-slerp slerp.yaml --full-read --block-bytes 256KiB
-run_np 3 merge slerp.yaml --full-read --block-bytes 256KiB --out res-slerp --quiet
-same_model_files ref-slerp res-slerp
-[[ "$(json_get res-slerp/mergepipe.manifest.json plan_hash)" == "$(json_get ref-slerp/mergepipe.manifest.json plan_hash)" ]] ||
-  fail "the resumed slerp recorded other coefficients"
+run_np 2 merge stock.yaml --block-bytes 256KiB --out ref-stock --quiet
+kill_part_way 2 res-stock stock.yaml --block-bytes 256KiB
+run_np 3 merge stock.yaml --block-bytes 256KiB --out res-stock --quiet
+same_model_files ref-stock res-stock
+[[ "$(json_get res-stock/mergepipe.manifest.json plan_hash)" == "$(json_get ref-stock/mergepipe.manifest.json plan_hash)" ]] ||
+  fail "the resumed model_stock recorded other coefficients"
+kept=$(json_get res-stock/mergepipe.manifest.json resume.blocks_kept)
+[[ "$kept" -gt 0 ]] || fail "the resumed model_stock kept no block of the killed run"
 
 # What the journal claims is checked: with the staged shard's data destroyed, every claim is
 # rejected and the block merged again.
