@@ -18,6 +18,15 @@ constexpr std::size_t kChunkElems = 4096;
 constexpr std::size_t kGramStepElems = 32768;
 constexpr std::size_t kGramChunkElems = 2048;
 
+StreamOptions stream_options(const ThresholdScan& scan) {
+  StreamOptions options;
+  options.io_threads = scan.io_threads;
+  options.depth = scan.prefetch_depth;
+  options.slice_bytes = scan.slice_bytes;
+  options.pool = scan.pool;
+  return options;
+}
+
 // The Gram scan: per slice step, every expert's deltas converted (workers own experts), then
 // the products accumulated in cache-sized chunks (workers own tiles of up to four pairs of one
 // row), each pair in element order.
@@ -25,12 +34,7 @@ ScanResult scan_grams(const ThresholdScan& scan, const std::vector<std::uint32_t
                       BlockReader& reader) {
   const Blocking& blocking = *scan.blocking;
   const std::size_t experts = scan.densities.size(), vectors = experts + 1;
-  StreamOptions options;
-  options.io_threads = scan.io_threads;
-  options.depth = scan.prefetch_depth;
-  options.slice_bytes = scan.slice_bytes;
-  options.pool = scan.pool;
-  BlockStream stream(blocking, blocks, experts, reader, std::move(options));
+  BlockStream stream(blocking, blocks, experts, reader, stream_options(scan));
   WorkerPool pool(scan.threads);
   const auto workers = static_cast<std::size_t>(pool.size());
   constexpr std::size_t kChunks = kGramStepElems / kGramChunkElems;
@@ -133,20 +137,15 @@ ScanResult scan_grams(const ThresholdScan& scan, const std::vector<std::uint32_t
 
 ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint32_t>& blocks,
                          BlockReader& reader) {
+  if (scan.gram) return scan_grams(scan, blocks, reader);
   const Blocking& blocking = *scan.blocking;
   const std::size_t experts = scan.densities.size();
-  StreamOptions options;
-  options.io_threads = scan.io_threads;
-  options.depth = scan.prefetch_depth;
-  options.slice_bytes = scan.slice_bytes;
-  options.pool = scan.pool;
-  BlockStream stream(blocking, blocks, experts, reader, std::move(options));
+  BlockStream stream(blocking, blocks, experts, reader, stream_options(scan));
   WorkerPool pool(scan.threads);
   // Each worker owns the experts k with k % workers == worker: no sketch is shared.
   std::vector<std::vector<float>> base(static_cast<std::size_t>(pool.size()),
                                        std::vector<float>(kChunkElems)),
       delta = base;
-  if (scan.gram) return scan_grams(scan, blocks, reader);
 
   ScanResult result;
   result.sketches.assign(scan.tensors->size(), std::vector<MagnitudeSketch>(experts));

@@ -139,3 +139,67 @@ TEST(ThresholdScan, ReportsWhichExpertsChangeEachBlock) {
     }
   }
 }
+
+// The Gram scan: each block's sums are those of its elements accumulated in one piece, whatever
+// the slicing of its reads, the threads, and the zero stretches it skips; and it reports the
+// unchanged blocks as the sketch scan does.
+TEST(ThresholdScan, GramOfEachBlockDoesNotDependOnSlicingOrThreads) {
+  const std::vector<TensorInfo> tensors{{"w", DType::kBF16, {40000}}, {"v", DType::kF32, {700}}};
+  constexpr std::size_t kExperts = 5;
+  Memory mem;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 0.5f);
+  for (int src = -1; src < int(kExperts); ++src) {
+    for (const auto& t : tensors) {
+      std::vector<float> v(t.numel());
+      for (auto& x : v) x = dist(rng);
+      std::vector<std::byte> bytes(t.nbytes());
+      convert_from_f32(t.dtype, v.data(), bytes.data(), v.size());
+      mem.data[src].push_back(bytes);
+    }
+  }
+  // Expert 2 leaves w's middle as the base (whole chunks and a ragged stretch); expert 4 all of v.
+  std::memcpy(mem.data[2][0].data() + 9000 * 2, mem.data[-1][0].data() + 9000 * 2, 17001 * 2);
+  mem.data[4][1] = mem.data[-1][1];
+  const Blocking blocking = make_blocking(tensors, 32768);  // w: 3 blocks, v: 1
+  std::vector<std::uint32_t> all;
+  for (std::uint32_t b = 0; b < blocking.blocks.size(); ++b) all.push_back(b);
+  // Reference: every block accumulated in one piece from fp32 copies.
+  std::map<std::uint32_t, TensorGram> expect;
+  for (std::uint32_t b : all) {
+    const Block& blk = blocking.blocks[b];
+    const DType dtype = tensors[blk.tensor].dtype;
+    const std::size_t size = dtype_size(dtype), n = blk.byte_length / size;
+    std::vector<float> base(n);
+    convert_to_f32(dtype, mem.data[-1][blk.tensor].data() + blk.byte_begin, base.data(), n);
+    std::vector<std::vector<float>> deltas(kExperts, std::vector<float>(n));
+    std::vector<const float*> ptrs;
+    for (std::size_t k = 0; k < kExperts; ++k) {
+      convert_to_f32(dtype, mem.data[int(k)][blk.tensor].data() + blk.byte_begin, deltas[k].data(),
+                     n);
+      for (std::size_t i = 0; i < n; ++i) deltas[k][i] -= base[i];
+      ptrs.push_back(deltas[k].data());
+    }
+    GramAccumulator acc(kExperts);
+    acc.add(base.data(), ptrs, n);
+    expect[b] = acc.totals();
+  }
+  for (int threads : {1, 2, 3}) {
+    for (std::uint64_t slice : {std::uint64_t{0}, std::uint64_t{1000}, std::uint64_t{4096}}) {
+      ThresholdScan scan;
+      scan.gram = true;
+      scan.blocking = &blocking;
+      scan.tensors = &tensors;
+      scan.densities.assign(kExperts, 1.0);
+      scan.threads = threads;
+      scan.slice_bytes = slice;
+      const ScanResult r = scan_sketches(scan, all, mem);
+      ASSERT_EQ(r.grams.size(), all.size());
+      for (std::uint32_t b : all)
+        EXPECT_EQ(r.grams.at(b).sums, expect.at(b).sums)
+            << "block " << b << ", " << threads << " threads, " << slice << " byte slices";
+      EXPECT_EQ(r.changed.at(3), (std::vector<char>{1, 1, 1, 1, 0}));
+      EXPECT_EQ(r.changed.at(0)[2], 1);  // w's first block changes before element 9000
+    }
+  }
+}
