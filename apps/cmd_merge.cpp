@@ -203,7 +203,11 @@ void print_merge_summary(const MergeTask& task, const PipelineOutcome& outcome,
               static_cast<unsigned long long>(plan.pairs_total),
               static_cast<unsigned long long>(plan.pairs_zero));
   std::printf("  error bound        %.6g\n", plan.error_bound);
-  if (task.spec.base_is_reference) {
+  if (task.spec.base_is_reference && task.spec.method == MergeMethod::kKarcher) {
+    // karcher weighs every model equally: the reference is one more point of the mean.
+    std::printf("  reference model    %s (the config has no base_model: the first model)\n",
+                task.spec.base_model.c_str());
+  } else if (task.spec.base_is_reference) {
     std::printf(
         "  reference model    %s (the config has no base_model: the first model, weight %g)\n",
         task.spec.base_model.c_str(), task.spec.base_weight.value_or(1.0));
