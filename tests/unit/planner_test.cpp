@@ -557,6 +557,36 @@ TEST(Planner, FullReadPlanAdmitsEverything) {
   EXPECT_EQ(plan_from_json(nlohmann::json::parse(plan_to_json(p).dump())).hash, p.hash);
 }
 
+// A geometric method's plan: its options and per-tensor linear forms survive both encodings,
+// enter the hash, and leave the hashes of plans without them as they were.
+TEST(Planner, FullReadPlanKeepsMethodOptionsAndLinearForms) {
+  const std::vector<TensorInfo> tensors = {{"a", DType::kBF16, {8, 4}}, {"b", DType::kF32, {3}}};
+  const Blocking blocking = make_blocking(tensors, 16);
+  MergeSpec spec;
+  spec.method = MergeMethod::kKarcher;
+  spec.base_model = "/b";
+  spec.experts = {{"/e0"}, {"/e1"}};
+  const Plan plain = make_full_read_plan(spec, tensors, blocking, "fam");
+  spec.method_options = {{"max_iter", 20.0}, {"tol", 1e-7}};
+  Plan p = make_full_read_plan(spec, tensors, blocking, "fam");
+  EXPECT_NE(p.hash, plain.hash);
+  EXPECT_EQ(p.method_options, spec.method_options);
+  p.linear_forms = {0.5f, 0.25f, 0.25f, 1.0f, 0.0f, 0.0f};  // 2 tensors x (1 + 2 experts)
+  const std::string before = p.hash;
+  p.hash = compute_plan_hash(p);
+  EXPECT_NE(p.hash, before);
+  for (const Plan& back : {deserialize_plan(serialize_plan(p)),
+                           plan_from_json(nlohmann::json::parse(plan_to_json(p).dump()))}) {
+    EXPECT_EQ(back.hash, p.hash);
+    EXPECT_EQ(back.method_options, p.method_options);
+    EXPECT_EQ(back.linear_forms, p.linear_forms);
+  }
+  // Another max_iter is another plan.
+  Plan other = p;
+  other.method_options["max_iter"] = 10.0;
+  EXPECT_NE(compute_plan_hash(other), p.hash);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Planner quality: a family of realistic, very different experts (toy Llama-like shapes).
 namespace {
