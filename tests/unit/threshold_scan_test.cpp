@@ -26,16 +26,14 @@ class Memory : public BlockReader {
     return "memory";
   }
 };
-}  // namespace
 
-TEST(ThresholdScan, MatchesTheSketchOfEachWholeTensor) {
-  const std::vector<TensorInfo> tensors{
-      {"w", DType::kBF16, {64, 48}}, {"empty", DType::kBF16, {0, 8}}, {"v", DType::kF32, {1000}}};
-  const std::vector<double> densities{0.5, 0.1, 1.0};
+// The base (source -1) and `experts` experts of random values of spread `sigma`, every tensor.
+Memory random_sources(const std::vector<TensorInfo>& tensors, int experts, unsigned seed,
+                      float sigma) {
   Memory mem;
-  std::mt19937 rng(3);
-  std::normal_distribution<float> dist(0.0f, 0.02f);
-  for (int src = -1; src < 3; ++src) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  for (int src = -1; src < experts; ++src) {
     for (const auto& t : tensors) {
       std::vector<float> v(t.numel());
       for (auto& x : v) x = dist(rng);
@@ -44,6 +42,15 @@ TEST(ThresholdScan, MatchesTheSketchOfEachWholeTensor) {
       mem.data[src].push_back(bytes);
     }
   }
+  return mem;
+}
+}  // namespace
+
+TEST(ThresholdScan, MatchesTheSketchOfEachWholeTensor) {
+  const std::vector<TensorInfo> tensors{
+      {"w", DType::kBF16, {64, 48}}, {"empty", DType::kBF16, {0, 8}}, {"v", DType::kF32, {1000}}};
+  const std::vector<double> densities{0.5, 0.1, 1.0};
+  Memory mem = random_sources(tensors, 3, 3, 0.02f);
   // Experts leave stretches bit-identical to the base (their Δ is exactly 0 there): expert 0
   // 70% of w, so its 50% threshold is 0; expert 1 half of v, including a base +Inf whose Δ is
   // NaN, not 0.
@@ -101,18 +108,7 @@ TEST(ThresholdScan, MatchesTheSketchOfEachWholeTensor) {
 // there, one differing in a single element is not, and a base NaN/Inf never counts as unchanged.
 TEST(ThresholdScan, ReportsWhichExpertsChangeEachBlock) {
   const std::vector<TensorInfo> tensors{{"w", DType::kBF16, {4096}}, {"v", DType::kF32, {512}}};
-  Memory mem;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> dist(0.0f, 0.02f);
-  for (int src = -1; src < 2; ++src) {
-    for (const auto& t : tensors) {
-      std::vector<float> v(t.numel());
-      for (auto& x : v) x = dist(rng);
-      std::vector<std::byte> bytes(t.nbytes());
-      convert_from_f32(t.dtype, v.data(), bytes.data(), v.size());
-      mem.data[src].push_back(bytes);
-    }
-  }
+  Memory mem = random_sources(tensors, 2, 5, 0.02f);
   // Expert 0: w identical to the base but for element 3000; v identical with a base +Inf.
   mem.data[0][0] = mem.data[-1][0];
   mem.data[0][0][3000 * 2] ^= std::byte{1};
@@ -146,18 +142,7 @@ TEST(ThresholdScan, ReportsWhichExpertsChangeEachBlock) {
 TEST(ThresholdScan, GramOfEachBlockDoesNotDependOnSlicingOrThreads) {
   const std::vector<TensorInfo> tensors{{"w", DType::kBF16, {40000}}, {"v", DType::kF32, {700}}};
   constexpr std::size_t kExperts = 5;
-  Memory mem;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> dist(0.0f, 0.5f);
-  for (int src = -1; src < int(kExperts); ++src) {
-    for (const auto& t : tensors) {
-      std::vector<float> v(t.numel());
-      for (auto& x : v) x = dist(rng);
-      std::vector<std::byte> bytes(t.nbytes());
-      convert_from_f32(t.dtype, v.data(), bytes.data(), v.size());
-      mem.data[src].push_back(bytes);
-    }
-  }
+  Memory mem = random_sources(tensors, int(kExperts), 11, 0.5f);
   // Expert 2 leaves w's middle as the base (whole chunks and a ragged stretch); expert 4 all of v.
   std::memcpy(mem.data[2][0].data() + 9000 * 2, mem.data[-1][0].data() + 9000 * 2, 17001 * 2);
   mem.data[4][1] = mem.data[-1][1];
