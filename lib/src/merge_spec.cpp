@@ -343,13 +343,15 @@ void MergeSpec::validate_method_options() const {
     const char* name;
     MergeMethod method;
     bool integer;
+    double largest;  // flags 1; max_iter bounded so it converts to int
   };
-  static constexpr Option kOptions[] = {{"max_iter", MergeMethod::kKarcher, true},
-                                        {"tol", MergeMethod::kKarcher, false},
-                                        {"eps", MergeMethod::kMultislerp, false},
-                                        {"filter_wise", MergeMethod::kModelStock, true},
-                                        {"nuslerp_flatten", MergeMethod::kNuslerp, true},
-                                        {"nuslerp_row_wise", MergeMethod::kNuslerp, true}};
+  constexpr double kAny = std::numeric_limits<double>::max();
+  static constexpr Option kOptions[] = {{"max_iter", MergeMethod::kKarcher, true, 1e6},
+                                        {"tol", MergeMethod::kKarcher, false, kAny},
+                                        {"eps", MergeMethod::kMultislerp, false, kAny},
+                                        {"filter_wise", MergeMethod::kModelStock, true, 1},
+                                        {"nuslerp_flatten", MergeMethod::kNuslerp, true, 1},
+                                        {"nuslerp_row_wise", MergeMethod::kNuslerp, true, 1}};
   for (const auto& [key, value] : method_options) {
     const Option* option = nullptr;
     for (const Option& o : kOptions)
@@ -362,6 +364,9 @@ void MergeSpec::validate_method_options() const {
     if (!std::isfinite(value) || value < 0 || (option->integer && value != std::floor(value)))
       throw UsageError("config: parameter '" + key + "' must be a " +
                        (option->integer ? "whole number" : "finite number") + " >= 0");
+    if (value > option->largest)
+      throw UsageError("config: parameter '" + key + "' is " + number_text(value) +
+                       ", above its largest value " + number_text(option->largest));
   }
   if (option("filter_wise", 0) != 0)
     throw UsageError(

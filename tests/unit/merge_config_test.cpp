@@ -263,6 +263,8 @@ TEST(MergeConfig, ErrorsNameFileKeyAndLine) {
        {"normalize_weights' belongs to multislerp; karcher does not take it"}},
       {"merge_method: karcher\nmodels: [/a, /c]\nparameters: {max_iter: -1}\n",
        {"'max_iter' must be a whole number >= 0"}},
+      {"merge_method: karcher\nmodels: [/a, /c]\nparameters: {max_iter: 1.0e12}\n",
+       {"'max_iter' is 1e+12, above its largest value 1e+06"}},
       {"merge_method: multislerp\nmodels: [/a, /c]\nparameters: {tol: 0.1}\n",
        {"'tol' belongs to karcher; multislerp does not take it"}},
       {"merge_method: nuslerp\nbase_model: /b\nmodels: [/a]\n",
