@@ -343,6 +343,14 @@ float MagnitudeSketch::threshold(double density) const {
   return threshold(keys, counts, total_, density);
 }
 
+TrimBand MagnitudeSketch::band(double density, double gamma) const {
+  if (density >= 1.0) return {};
+  std::vector<std::uint16_t> key_storage;
+  std::vector<std::uint64_t> count_storage;
+  const auto [keys, counts] = sparse_view(key_storage, count_storage);
+  return breadcrumbs_band(keys, counts, total_, density, gamma);
+}
+
 float MagnitudeSketch::threshold(std::span<const std::uint16_t> keys,
                                  std::span<const std::uint64_t> counts, std::uint64_t total,
                                  double density) {

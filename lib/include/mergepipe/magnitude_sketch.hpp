@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "mergepipe/trim_band.hpp"
+
 namespace mergepipe {
 
 // Bucket key of |x|: bits 30..15 of the fp32 pattern of |x| (exponent + top 8 mantissa bits).
@@ -42,6 +44,8 @@ class MagnitudeSketch {
   // the k-th largest |Δ|; keep entries with |Δ| >= t (this keeps at least k). d >= 1 gives 0
   // (keep everything); k == 0 gives +infinity (keep nothing).
   float threshold(double density) const;
+  // breadcrumbs' band at this density and gamma (trim_band.hpp).
+  TrimBand band(double density, double gamma) const;
   // threshold() of a sketch in sparse form (ascending keys, counts summing to `total`), without
   // building it: a plan needs one threshold per sketch, not the sketch.
   static float threshold(std::span<const std::uint16_t> keys, std::span<const std::uint64_t> counts,
