@@ -746,8 +746,9 @@ Catalog load_catalog_summary(const std::string& path) {
 
 SketchLoad sketch_load_for(const MergeSpec& spec) {
   if (!uses_magnitude_trim(spec.method)) return SketchLoad::none();
-  // Densities that vary by tensor take thresholds at any density: the sketches themselves.
-  if (spec.varies_by_tensor()) return SketchLoad::sketches();
+  // Densities that vary by tensor take thresholds at any density, and breadcrumbs' band is not
+  // on the stored grid: the sketches themselves.
+  if (spec.varies_by_tensor() || uses_band_trim(spec.method)) return SketchLoad::sketches();
   std::vector<double> densities;
   for (const ExpertSpec& e : spec.experts) densities.push_back(e.density);
   return SketchLoad::thresholds(std::move(densities));

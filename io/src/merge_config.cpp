@@ -113,6 +113,7 @@ class ConfigReader {
   // {filter, value} or a list of them. A density's every value must lie in (0, 1].
   ParameterSetting setting(const YAML::Node& v, const std::string& key) const {
     const bool is_density = key.size() >= 7 && key.compare(key.size() - 7, 7, "density") == 0;
+    const bool is_gamma = key.size() >= 5 && key.compare(key.size() - 5, 5, "gamma") == 0;
     const auto numbers = [&](const YAML::Node& n, const std::string& k) {
       std::vector<double> out;
       if (n.IsScalar()) {
@@ -131,6 +132,9 @@ class ConfigReader {
         for (double d : out)
           if (!(d > 0.0 && d <= 1.0))
             fail(n, k, "density " + number_text(d) + " is outside (0, 1]");
+      if (is_gamma)
+        for (double g : out)
+          if (!(g >= 0.0 && g <= 1.0)) fail(n, k, "gamma " + number_text(g) + " is outside [0, 1]");
       return out;
     };
     ParameterSetting s;
@@ -205,11 +209,11 @@ void fold_constant_settings(MergeSpec& spec) {
     for (const ExpertSpec& e : spec.experts) all = all && ok(e.varying);
     return all;
   };
-  for (const std::string name : {"weight", "density"}) {
+  for (const std::string name : {"weight", "density", "gamma"}) {
     if (!constant(name)) continue;
     const std::optional<double> top = constant_of(spec.varying, name);
     for (ExpertSpec& e : spec.experts) {
-      double& field = name == "weight" ? e.weight : e.density;
+      double& field = name == "weight" ? e.weight : name == "density" ? e.density : e.gamma;
       field = constant_of(e.varying, name).value_or(top.value_or(field));
       e.varying.erase(name);
     }
@@ -380,7 +384,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
   };
   // Parameters given explicitly (a key that changes nothing for the method is reported).
   bool gave_lambda = false, gave_normalize = false, gave_density = false, gave_weight = false,
-       gave_rescale = false, gave_int8_mask = false;
+       gave_rescale = false, gave_int8_mask = false, gave_gamma = false;
   std::optional<bool> normalize_weights;  // multislerp's name for normalize
   bool have_method = false, have_base = false, have_models = false;
   std::optional<DType> compute_dtype, written_dtype;
@@ -409,13 +413,14 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
       if (value.IsNull()) continue;
       for (const auto& [pkey, pvalue] :
            r.entries(value, key,
-                     {"normalize", "lambda", "weight", "density", "rescale", "t", "int8_mask",
-                      "scale", "normalize_weights", "max_iter", "tol", "eps", "filter_wise",
-                      "nuslerp_flatten", "nuslerp_row_wise"})) {
+                     {"normalize", "lambda", "weight", "density", "gamma", "rescale", "t",
+                      "int8_mask", "scale", "normalize_weights", "max_iter", "tol", "eps",
+                      "filter_wise", "nuslerp_flatten", "nuslerp_row_wise"})) {
         const std::string full = key + "." + pkey;
         gave_lambda |= pkey == "lambda";
         gave_normalize |= pkey == "normalize";
         gave_density |= pkey == "density";
+        gave_gamma |= pkey == "gamma";
         gave_weight |= pkey == "weight";
         gave_rescale |= pkey == "rescale";
         gave_int8_mask |= pkey == "int8_mask";
@@ -430,7 +435,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
         if (pkey == "max_iter" || pkey == "tol" || pkey == "eps")
           spec.method_options[pkey] = r.number(pvalue, full);
         if (pkey == "t" || pkey == "lambda" || pkey == "weight" || pkey == "density" ||
-            pkey == "scale")
+            pkey == "gamma" || pkey == "scale")
           spec.varying[pkey] = r.setting(pvalue, full);
       }
     } else if (key == "dtype" || key == "out_dtype") {
@@ -528,10 +533,11 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
           have_model = true;
         } else if (!value.IsNull()) {
           for (const auto& [pkey, pvalue] :
-               r.entries(value, path + ".parameters", {"weight", "density"})) {
+               r.entries(value, path + ".parameters", {"weight", "density", "gamma"})) {
             const std::string full = path + ".parameters." + pkey;
             gave_weight |= pkey == "weight";
             gave_density |= pkey == "density";
+            gave_gamma |= pkey == "gamma";
             e.varying[pkey] = r.setting(pvalue, full);
           }
         }
@@ -549,6 +555,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
     spec.base_weight = 1.0;  // its weight is folded in below
     spec.base_varying = std::move(spec.experts.front().varying);
     spec.base_varying.erase("density");
+    spec.base_varying.erase("gamma");
     spec.base_is_reference = true;
     spec.experts.erase(spec.experts.begin());
   } else {
@@ -560,6 +567,8 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
         spec.base_weight = 1.0;
         spec.base_varying = std::move(it->varying);
         spec.base_varying.erase("density");
+        spec.base_varying.erase("gamma");
+        spec.base_varying.erase("gamma");
       }
       spec.experts.erase(it);
       break;
@@ -618,7 +627,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
   ignored(gave_lambda && (spec.method == MergeMethod::kLinear || nearswap), "lambda",
           nearswap ? "it moves each entry by t" : "a weighted average has no scale");
   ignored(gave_density && (is_additive(spec.method) || nearswap), "density",
-          "it keeps every entry; ties, dare_linear and dare_ties trim or drop by it");
+          "it keeps every entry; ties, breadcrumbs and the dare methods trim or drop by it");
   ignored(gave_weight && nearswap, "weight", "it takes one model and moves it by t");
   ignored(gave_normalize && nearswap, "normalize", "it takes one model");
   ignored(gave_rescale && spec.method == MergeMethod::kTaskArithmetic, "rescale",
@@ -634,6 +643,11 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
                                    {gave_normalize, "normalize"}})
     ignored(given && spec.method == MergeMethod::kSlerp, key,
             "it interpolates between the base and the other model by t");
+  if (gave_gamma && !uses_band_trim(spec.method))
+    throw UsageError(source_name +
+                     ": parameter 'gamma' belongs to breadcrumbs and "
+                     "breadcrumbs_ties; " +
+                     method + " does not take it");
   ignored(gave_int8_mask, "int8_mask",
           "a memory option of mergekit's; masks are never held whole here");
   try {

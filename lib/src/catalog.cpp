@@ -32,6 +32,11 @@ float ExpertCatalog::trim_threshold(std::size_t tensor, double density) const {
                           std::to_string(tensor) + " at density " + std::to_string(density));
 }
 
+TrimBand ExpertCatalog::trim_band(std::size_t tensor, double density, double gamma) const {
+  if (tensor < sketches.size()) return sketches[tensor].band(density, gamma);
+  throw std::out_of_range("catalog: no magnitude sketch of tensor " + std::to_string(tensor));
+}
+
 std::uint64_t Catalog::full_expert_bytes() const {
   std::uint64_t per_expert = 0;
   for (const Block& b : blocking.blocks) per_expert += b.byte_length;

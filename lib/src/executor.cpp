@@ -88,7 +88,8 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
     s.deltas.resize(job.experts * kChunkElems);
     s.pointers.resize(job.experts);
   }
-  std::vector<float> threshold_column(job.experts);
+  // One per expert and threshold row (ties 1, breadcrumbs' band 2).
+  std::vector<float> threshold_column;
   std::vector<std::byte> out_bytes;
   // Read checks hash each source's slices of a block in order: one state per source.
   std::vector<Hasher64> read_hashes(job.check_read.wanted ? job.experts + 1 : 0);
@@ -133,10 +134,12 @@ ExecutionStats execute_blocks(const ExecutionJob& job, const std::vector<std::ui
 
     TensorContext tctx{job.name_keys[blk.tensor], {}};
     if (!job.thresholds.empty()) {
-      // thresholds are [expert][tensor]; gather this tensor's column.
-      const std::size_t tensors = job.tensors->size();
-      for (std::size_t k = 0; k < job.experts; ++k)
-        threshold_column[k] = job.thresholds[k * tensors + blk.tensor];
+      // thresholds are [row][tensor], a row per expert and threshold; gather this tensor's
+      // column.
+      const std::size_t tensors = job.tensors->size(), rows = job.thresholds.size() / tensors;
+      threshold_column.resize(rows);
+      for (std::size_t r = 0; r < rows; ++r)
+        threshold_column[r] = job.thresholds[r * tensors + blk.tensor];
       tctx.thresholds = threshold_column;
     }
 

@@ -46,8 +46,10 @@ ojson make_manifest(const ManifestRecord& r) {
   const MergeTask& task = *r.task;
   const MergeSpec& spec = task.spec;
   ojson models = ojson::array();
-  for (const auto& e : spec.experts)
+  for (const auto& e : spec.experts) {
     models.push_back({{"model", e.path}, {"weight", e.weight}, {"density", e.density}});
+    if (uses_band_trim(spec.method)) models.back()["gamma"] = e.gamma;
+  }
   ojson parameters = {{"normalize", spec.effective_normalize()},
                       {"lambda", spec.lambda},
                       {"models", models},
@@ -165,9 +167,11 @@ ManifestReplayInfo parse_manifest(const std::string& text, const std::string& so
       info.spec.model_names = p.at("model_names").get<std::map<std::string, std::string>>();
     if (p.contains("dtype"))
       info.spec.out_dtype = parse_output_dtype(p.at("dtype").get<std::string>());
-    for (const auto& e : p.at("models"))
+    for (const auto& e : p.at("models")) {
       info.spec.experts.push_back({e.at("model").get<std::string>(), e.at("weight").get<double>(),
                                    e.at("density").get<double>()});
+      if (e.contains("gamma")) info.spec.experts.back().gamma = e.at("gamma").get<double>();
+    }
     if (p.contains("varying")) {
       try {
         info.spec.set_varying(p.at("varying"));

@@ -22,6 +22,8 @@ std::optional<MergeMethod> parse_merge_method(std::string_view name) {
   if (name == "karcher") return MergeMethod::kKarcher;
   if (name == "multislerp") return MergeMethod::kMultislerp;
   if (name == "nuslerp") return MergeMethod::kNuslerp;
+  if (name == "breadcrumbs") return MergeMethod::kBreadcrumbs;
+  if (name == "breadcrumbs_ties") return MergeMethod::kBreadcrumbsTies;
   return std::nullopt;
 }
 
@@ -51,13 +53,17 @@ std::string_view merge_method_name(MergeMethod method) {
       return "multislerp";
     case MergeMethod::kNuslerp:
       return "nuslerp";
+    case MergeMethod::kBreadcrumbs:
+      return "breadcrumbs";
+    case MergeMethod::kBreadcrumbsTies:
+      return "breadcrumbs_ties";
   }
   return "?";
 }
 
 std::string supported_method_names() {
   return "linear, task_arithmetic, ties, dare_linear, dare_ties, nearswap, passthrough, slerp, "
-         "model_stock, karcher, multislerp, nuslerp";
+         "model_stock, karcher, multislerp, nuslerp, breadcrumbs, breadcrumbs_ties";
 }
 
 bool default_normalize(MergeMethod method) {
@@ -69,10 +75,17 @@ bool is_additive(MergeMethod method) {
   return method == MergeMethod::kLinear || method == MergeMethod::kTaskArithmetic;
 }
 bool uses_magnitude_trim(MergeMethod method) {
-  return method == MergeMethod::kTies;
+  return method == MergeMethod::kTies || uses_band_trim(method);
+}
+bool uses_band_trim(MergeMethod method) {
+  return method == MergeMethod::kBreadcrumbs || method == MergeMethod::kBreadcrumbsTies;
+}
+std::size_t trim_threshold_rows(MergeMethod method) {
+  return uses_band_trim(method) ? 2 : uses_magnitude_trim(method) ? 1 : 0;
 }
 bool uses_sign_election(MergeMethod method) {
-  return method == MergeMethod::kTies || method == MergeMethod::kDareTies;
+  return method == MergeMethod::kTies || method == MergeMethod::kDareTies ||
+         method == MergeMethod::kBreadcrumbsTies;
 }
 bool uses_dare(MergeMethod method) {
   return method == MergeMethod::kDareLinear || method == MergeMethod::kDareTies;
@@ -155,6 +168,7 @@ MergeSpec MergeSpec::for_tensor(std::string_view tensor_name, double t_pos) cons
   for (ExpertSpec& e : out.experts) {
     e.weight = look_up(&e.varying, varying, "weight", tensor_name, t_pos).value_or(e.weight);
     e.density = look_up(&e.varying, varying, "density", tensor_name, t_pos).value_or(e.density);
+    e.gamma = look_up(&e.varying, varying, "gamma", tensor_name, t_pos).value_or(e.gamma);
     e.varying.clear();
   }
   if (out.base_weight)
@@ -241,6 +255,10 @@ void MergeSpec::validate() const {
       throw UsageError("config: model '" + e.path + "': density " + std::to_string(e.density) +
                        " is outside (0, 1]");
     }
+    if (!(e.gamma >= 0.0 && e.gamma <= 1.0)) {
+      throw UsageError("config: model '" + e.path + "': gamma " + number_text(e.gamma) +
+                       " is outside [0, 1]");
+    }
   }
   if (!std::isfinite(lambda)) throw UsageError("config: parameter 'lambda' is not finite");
   // Varying settings: every listed value in range (interpolation stays between them).
@@ -252,6 +270,8 @@ void MergeSpec::validate() const {
                            "' has a value that is not finite");
         if (name == "density" && !(v > 0.0 && v <= 1.0))
           throw UsageError("config: " + owner + "density " + number_text(v) + " is outside (0, 1]");
+        if (name == "gamma" && !(v >= 0.0 && v <= 1.0))
+          throw UsageError("config: " + owner + "gamma " + number_text(v) + " is outside [0, 1]");
       }
     }
   };
@@ -308,12 +328,23 @@ void MergeSpec::validate() const {
       throw UsageError("config: parameter 't' belongs to nearswap and slerp; " + name +
                        " does not take it");
   }
-  if (rescale && !uses_dare(method) && method != MergeMethod::kTaskArithmetic) {
+  // ties and breadcrumbs* take mergekit's rescale too (default false there): false is accepted,
+  // true (the trimmed delta scaled by its L1 ratio) is not built.
+  const bool rescales_trim = uses_magnitude_trim(method);
+  if (rescale && !uses_dare(method) && method != MergeMethod::kTaskArithmetic &&
+      !(rescales_trim && !*rescale)) {
     throw UsageError("config: parameter 'rescale' applies to dare_linear and dare_ties (" + name +
-                     (method == MergeMethod::kTies
-                          ? " rescales its trimmed deltas in mergekit; that is not built yet)"
-                          : " does not take it)"));
+                     (rescales_trim ? " rescales its trimmed deltas in mergekit; that is not built "
+                                      "yet, rescale: false is accepted)"
+                                    : " does not take it)"));
   }
+  const auto gives_gamma = [](const ExpertSpec& e) {
+    return e.gamma != ExpertSpec{}.gamma || e.varying.count("gamma") != 0;
+  };
+  if (!uses_band_trim(method) &&
+      (varying.count("gamma") || std::any_of(experts.begin(), experts.end(), gives_gamma)))
+    throw UsageError("config: parameter 'gamma' belongs to breadcrumbs and breadcrumbs_ties; " +
+                     name + " does not take it");
   const double scale = weight_scale();
   double weight_sum = 0;
   for (const auto& e : experts) {

@@ -38,7 +38,7 @@ void serialize(Archive& ar, SliceSource& s) {
 }
 template <class Archive>
 void serialize(Archive& ar, ExpertSpec& e) {
-  ar(e.path, e.weight, e.density, e.varying);
+  ar(e.path, e.weight, e.density, e.gamma, e.varying);
 }
 template <class Archive>
 void serialize(Archive& ar, MergeSpec& s) {

@@ -41,14 +41,16 @@ inline float select(std::uint32_t mask, float a, float b) {
 //   kPlain  c·Δ                          (linear, task_arithmetic)
 //   kTrim   c·Δ where |Δ| >= t, else +0  (ties)
 //   kDare   c·(Δ/density) where kept, else +0  (dare_*; density 1 keeps all and Δ/1 == Δ)
-enum class TermKind { kPlain, kTrim, kDare };
+//   kBand   c·Δ where t <= |Δ| <= ceiling, else +0  (breadcrumbs*)
+enum class TermKind { kPlain, kTrim, kDare, kBand };
 
 // One read expert within a chunk.
 struct ExpertTerm {
   const float* delta = nullptr;         // the chunk's Δ_k
   float coef = 0;                       // α_k (additive) or w_k (sign election)
   float weight = 0;                     // w_k, for the TIES divisor
-  std::uint32_t trim = 0;               // |Δ| >= t as bit patterns (kTrim)
+  std::uint32_t trim = 0;               // |Δ| >= t as bit patterns (kTrim, kBand)
+  std::uint32_t ceiling = 0x7fffffffu;  // |Δ| <= ceiling as bit patterns (kBand)
   float density = 1;                    // kDare
   const std::uint32_t* keep = nullptr;  // kDare: the chunk's keep mask
 };
@@ -56,8 +58,9 @@ struct ExpertTerm {
 // The G terms of one element, in expert order, handed to `use(term, weight)`.
 template <TermKind kKind, std::size_t G, typename Use>
 inline void for_each_term(const float* const* d, const float* coef, const float* weight,
-                          const std::uint32_t* trim, const float* density,
-                          const std::uint32_t* const* keep, std::size_t i, Use&& use) {
+                          const std::uint32_t* trim, const std::uint32_t* ceiling,
+                          const float* density, const std::uint32_t* const* keep, std::size_t i,
+                          Use&& use) {
 #pragma GCC unroll 4
   for (std::size_t j = 0; j < G; ++j) {
     float v;
@@ -68,6 +71,11 @@ inline void for_each_term(const float* const* d, const float* coef, const float*
       // so the compare is a signed one, which SSE2 has.
       const auto magnitude = static_cast<std::int32_t>(bits(d[j][i]) & 0x7fffffffu);
       v = masked(coef[j] * d[j][i], lane_mask(magnitude >= static_cast<std::int32_t>(trim[j])));
+    } else if constexpr (kKind == TermKind::kBand) {
+      const auto magnitude = static_cast<std::int32_t>(bits(d[j][i]) & 0x7fffffffu);
+      v = masked(coef[j] * d[j][i],
+                 lane_mask(magnitude >= static_cast<std::int32_t>(trim[j])) &
+                     lane_mask(magnitude <= static_cast<std::int32_t>(ceiling[j])));
     } else {
       v = masked(coef[j] * (d[j][i] / density[j]), keep[j][i]);
     }
@@ -80,7 +88,7 @@ template <std::size_t G>
 struct GroupView {
   const float* d[G];
   float coef[G], weight[G], density[G];
-  std::uint32_t trim[G];
+  std::uint32_t trim[G], ceiling[G];
   const std::uint32_t* keep[G];
   explicit GroupView(const ExpertTerm* t) {
     for (std::size_t j = 0; j < G; ++j) {
@@ -89,6 +97,7 @@ struct GroupView {
       weight[j] = t[j].weight;
       density[j] = t[j].density;
       trim[j] = t[j].trim;
+      ceiling[j] = t[j].ceiling;
       keep[j] = t[j].keep;
     }
   }
@@ -100,7 +109,7 @@ void add_group(float* acc, std::size_t len, const ExpertTerm* terms) {
   const GroupView<G> g(terms);
   for (std::size_t i = 0; i < len; ++i) {
     float x = acc[i];
-    for_each_term<kKind, G>(g.d, g.coef, g.weight, g.trim, g.density, g.keep, i,
+    for_each_term<kKind, G>(g.d, g.coef, g.weight, g.trim, g.ceiling, g.density, g.keep, i,
                             [&](float v, float) { x += v; });
     acc[i] = x;
   }
@@ -129,7 +138,7 @@ void vote_group(ElectionSums& e, std::size_t len, const ExpertTerm* terms) {
   for (std::size_t i = 0; i < len; ++i) {
     float p = e.pos[i], n = e.neg[i], wp = e.wpos[i], wn = e.wneg[i];
     for_each_term<kKind, G>(
-        g.d, g.coef, g.weight, g.trim, g.density, g.keep, i, [&](float v, float w) {
+        g.d, g.coef, g.weight, g.trim, g.ceiling, g.density, g.keep, i, [&](float v, float w) {
           // As int32, a float's bits are > 0 exactly when it is > +0, and
           // with the sign flipped exactly when it is < −0: zeros vote for
           // neither side.
@@ -286,6 +295,25 @@ MERGEPIPE_OPERATOR_KERNEL void elected_trim_normalized(const CallPlan& plan, flo
                                                        float* out) {
   merge_sign_elected<TermKind::kTrim, true>(plan, lambda, elem_begin, n, base, deltas, out);
 }
+MERGEPIPE_OPERATOR_KERNEL void additive_band(const CallPlan& plan, float base_scale,
+                                             std::uint64_t elem_begin, std::size_t n,
+                                             const float* base,
+                                             std::span<const float* const> deltas, float* out) {
+  merge_additive<TermKind::kBand>(plan, base_scale, elem_begin, n, base, deltas, out);
+}
+MERGEPIPE_OPERATOR_KERNEL void elected_band(const CallPlan& plan, float lambda,
+                                            std::uint64_t elem_begin, std::size_t n,
+                                            const float* base, std::span<const float* const> deltas,
+                                            float* out) {
+  merge_sign_elected<TermKind::kBand, false>(plan, lambda, elem_begin, n, base, deltas, out);
+}
+MERGEPIPE_OPERATOR_KERNEL void elected_band_normalized(const CallPlan& plan, float lambda,
+                                                       std::uint64_t elem_begin, std::size_t n,
+                                                       const float* base,
+                                                       std::span<const float* const> deltas,
+                                                       float* out) {
+  merge_sign_elected<TermKind::kBand, true>(plan, lambda, elem_begin, n, base, deltas, out);
+}
 MERGEPIPE_OPERATOR_KERNEL void elected_dare(const CallPlan& plan, float lambda,
                                             std::uint64_t elem_begin, std::size_t n,
                                             const float* base, std::span<const float* const> deltas,
@@ -390,9 +418,12 @@ void merge_block(const OperatorConfig& cfg, const TensorContext& tensor, std::ui
                                 " delta slices, " + std::to_string(k_count) + " weights and " +
                                 std::to_string(cfg.densities.size()) + " densities disagree");
   }
-  if (uses_magnitude_trim(cfg.method) && tensor.thresholds.size() != k_count) {
-    throw std::invalid_argument("merge operator: ties needs one threshold per expert, got " +
-                                std::to_string(tensor.thresholds.size()));
+  const std::size_t rows = trim_threshold_rows(cfg.method);
+  if (rows != 0 && tensor.thresholds.size() != rows * k_count) {
+    throw std::invalid_argument(
+        "merge operator: " + std::string(merge_method_name(cfg.method)) + " needs " +
+        std::to_string(rows) + " threshold(s) per expert, got " +
+        std::to_string(tensor.thresholds.size()) + " for " + std::to_string(k_count));
   }
   if (n == 0) return;
   if (cfg.method == MergeMethod::kPassthrough) {
@@ -412,6 +443,7 @@ void merge_block(const OperatorConfig& cfg, const TensorContext& tensor, std::ui
   const bool elect = uses_sign_election(cfg.method);
   CallPlan plan;
   plan.kind = uses_dare(cfg.method)             ? TermKind::kDare
+              : uses_band_trim(cfg.method)      ? TermKind::kBand
               : uses_magnitude_trim(cfg.method) ? TermKind::kTrim
                                                 : TermKind::kPlain;
   if (plan.kind == TermKind::kDare) {
@@ -428,10 +460,17 @@ void merge_block(const OperatorConfig& cfg, const TensorContext& tensor, std::ui
     t.weight = cfg.weights[k];
     // Without rescale the kept deltas stay as they are (Δ/1 == Δ).
     t.density = plan.kind == TermKind::kDare && cfg.rescale ? cfg.densities[k] : 1.0f;
-    if (plan.kind == TermKind::kTrim) {
+    if (plan.kind == TermKind::kTrim || plan.kind == TermKind::kBand) {
       const float th = tensor.thresholds[k];
-      if (std::isnan(th)) throw std::invalid_argument("merge operator: a ties threshold is NaN");
+      if (std::isnan(th)) throw std::invalid_argument("merge operator: a trim threshold is NaN");
       t.trim = th > 0.0f ? bits(th) : 0u;  // t <= 0 keeps everything
+    }
+    if (plan.kind == TermKind::kBand) {
+      // The band's upper end, exclusive: 0 (or below) cuts nothing, NaN is refused.
+      const float upper = tensor.thresholds[k_count + k];
+      if (std::isnan(upper))
+        throw std::invalid_argument("merge operator: an upper trim threshold is NaN");
+      if (upper > 0.0f) t.ceiling = bits(upper) - 1u;
     }
     plan.terms.push_back(t);
     plan.term_expert.push_back(static_cast<std::uint32_t>(k));
@@ -441,6 +480,10 @@ void merge_block(const OperatorConfig& cfg, const TensorContext& tensor, std::ui
       return additive_plain(plan, sc.base_scale, elem_begin, n, base, deltas, out);
     case TermKind::kTrim:
       return (cfg.normalize ? elected_trim_normalized : elected_trim)(plan, sc.lambda, elem_begin,
+                                                                      n, base, deltas, out);
+    case TermKind::kBand:
+      if (!elect) return additive_band(plan, sc.base_scale, elem_begin, n, base, deltas, out);
+      return (cfg.normalize ? elected_band_normalized : elected_band)(plan, sc.lambda, elem_begin,
                                                                       n, base, deltas, out);
     case TermKind::kDare:
       if (!elect) return additive_dare(plan, sc.base_scale, elem_begin, n, base, deltas, out);

@@ -14,6 +14,11 @@
 
 namespace mergepipe {
 
+std::size_t Plan::threshold_rows() const {
+  const auto m = parse_merge_method(method);
+  return m && uses_band_trim(*m) ? 2 : 1;
+}
+
 std::size_t ExpertMask::count() const {
   std::size_t n = 0;
   for (std::uint64_t w : words) n += static_cast<std::size_t>(std::popcount(w));
@@ -88,14 +93,16 @@ std::string write_binary(const Plan& plan, bool with_hash_and_timing) {
     if (with_hash_and_timing) {
       ar(p.hash, p.planning_seconds);
       later_fields();
-      ar(p.varying_parameters, has_scale, scale, p.linear_forms, p.method_options);
+      ar(p.varying_parameters, has_scale, scale, p.linear_forms, p.method_options, p.gammas);
     } else if (!p.rescale || has_t || has_base_weight || p.base_is_reference || varies ||
-               has_scale || !p.linear_forms.empty() || !p.method_options.empty()) {
+               has_scale || !p.linear_forms.empty() || !p.method_options.empty() ||
+               !p.gammas.empty()) {
       later_fields();
       if (varies || has_scale) ar(p.varying_parameters);
       if (has_scale) ar(scale);
       if (!p.linear_forms.empty()) ar(p.linear_forms);
       if (!p.method_options.empty()) ar(p.method_options);
+      if (!p.gammas.empty()) ar(p.gammas);
     }
   }
   return std::move(os).str();
@@ -119,9 +126,13 @@ void check_shape(const Plan& p, const std::string& source) {
       bad("a mask admits a block beyond block_count");
     }
   }
-  if (!p.thresholds.empty() && p.thresholds.size() != k * p.tensor_count) {
-    bad("thresholds are not experts × tensors");
+  if (!p.thresholds.empty() && p.thresholds.size() != p.threshold_rows() * k * p.tensor_count) {
+    bad(p.threshold_rows() == 1 ? "thresholds are not experts × tensors"
+                                : "thresholds are not 2 × experts × tensors");
   }
+  const auto method = parse_merge_method(p.method);
+  if (!p.gammas.empty() ? p.gammas.size() != k : method && uses_band_trim(*method))
+    bad("gammas are not one per expert");
   if (!p.linear_forms.empty() && p.linear_forms.size() != (k + 1) * p.tensor_count) {
     bad("linear_forms are not tensors × (experts + 1)");
   }
@@ -158,7 +169,7 @@ Plan deserialize_plan(const std::string& bytes) {
     ar(p.rescale, has_t, t, has_base_weight, base_weight, p.base_is_reference);
     bool has_scale = false;
     double scale = 1.0;
-    ar(p.varying_parameters, has_scale, scale, p.linear_forms, p.method_options);
+    ar(p.varying_parameters, has_scale, scale, p.linear_forms, p.method_options, p.gammas);
     if (has_scale) p.scale = scale;
     if (has_t) p.t = t;
     if (has_base_weight) p.base_weight = base_weight;
@@ -364,12 +375,19 @@ json plan_to_json(const Plan& p) {
               {"weight", p.weights[k]},
               {"density", p.densities[k]},
               {"alpha", p.alpha[k]}};
+    if (!p.gammas.empty()) e["gamma"] = p.gammas[k];
     e.update(coverage_json(p.expert_coverage[k]));
     if (any_threshold) {
       json t = json::array();
       for (std::size_t i = 0; i < p.tensor_count; ++i)
         t.push_back(threshold_json(p.threshold(k, i)));
       e["thresholds"] = std::move(t);
+      if (p.threshold_rows() == 2) {
+        json u = json::array();
+        for (std::size_t i = 0; i < p.tensor_count; ++i)
+          u.push_back(threshold_json(p.upper_threshold(k, i)));
+        e["upper_thresholds"] = std::move(u);
+      }
     }
     experts.push_back(std::move(e));
     json runs = json::array();
@@ -459,7 +477,8 @@ Plan plan_from_json(const json& j, const std::string& source) {
   if (threshold_form != "none" && threshold_form != "zero" && threshold_form != "per_expert") {
     r.fail("threshold_form", "expected none, zero or per_expert");
   }
-  if (threshold_form != "none") p.thresholds.assign(k_count * p.tensor_count, 0.0f);
+  const std::size_t rows = p.threshold_rows();
+  if (threshold_form != "none") p.thresholds.assign(rows * k_count * p.tensor_count, 0.0f);
   for (std::size_t k = 0; k < k_count; ++k) {
     const std::string path = "experts[" + std::to_string(k) + "].";
     const json& e = experts[k];
@@ -469,6 +488,7 @@ Plan plan_from_json(const json& j, const std::string& source) {
     p.catalog_expert.push_back(static_cast<std::uint32_t>(ce));
     p.weights.push_back(r.real(e, "weight", path));
     p.densities.push_back(r.real(e, "density", path));
+    if (rows == 2) p.gammas.push_back(r.real(e, "gamma", path));
     p.alpha.push_back(r.real(e, "alpha", path));
     p.expert_coverage.push_back(r.coverage(e, path));
     if (threshold_form == "per_expert") {
@@ -476,6 +496,13 @@ Plan plan_from_json(const json& j, const std::string& source) {
       for (std::size_t i = 0; i < p.tensor_count; ++i) {
         p.thresholds[k * p.tensor_count + i] =
             r.threshold(t[i], path + "thresholds[" + std::to_string(i) + "]");
+      }
+      if (rows == 2) {
+        const json& u = r.array(e, "upper_thresholds", p.tensor_count, path);
+        for (std::size_t i = 0; i < p.tensor_count; ++i) {
+          p.thresholds[(k_count + k) * p.tensor_count + i] =
+              r.threshold(u[i], path + "upper_thresholds[" + std::to_string(i) + "]");
+        }
       }
     }
     const std::string mpath = "access_mask.experts[" + std::to_string(k) + "].";

@@ -16,8 +16,9 @@ std::string num(double v) {
 
 // Every shape the planner indexes must agree, or the catalog is corrupt.
 // `densities`: [expert][tensor] density when the plan trims by magnitude, else empty.
+// `band`: the plan needs every tensor's sketch (breadcrumbs' two thresholds come from it).
 void check_catalog_shape(const Catalog& catalog, const std::vector<std::uint32_t>& catalog_expert,
-                         const std::vector<std::vector<double>>& densities) {
+                         const std::vector<std::vector<double>>& densities, bool band) {
   const std::size_t blocks = catalog.block_count();
   for (const Block& blk : catalog.blocking.blocks) {
     if (blk.tensor >= catalog.tensors.size()) {
@@ -32,7 +33,10 @@ void check_catalog_shape(const Catalog& catalog, const std::vector<std::uint32_t
                        std::to_string(e.blocks.size()) + " blocks, the blocking has " +
                        std::to_string(blocks));
     }
-    const auto lacks = [&](double d) { return !e.has_trim_thresholds(d, catalog.tensors.size()); };
+    const auto lacks = [&](double d) {
+      return band ? e.sketches.size() != catalog.tensors.size()
+                  : !e.has_trim_thresholds(d, catalog.tensors.size());
+    };
     if (!densities.empty() && std::any_of(densities[k].begin(), densities[k].end(), lacks)) {
       throw InputError("catalog: expert '" + e.location.dir + "' has " +
                        std::to_string(e.sketches.size()) + " magnitude sketches for " +
@@ -74,6 +78,13 @@ double trimmed_norm_estimate(const BlockStats& stats, float threshold) {
   return std::min(std::sqrt(kept), stats.l2);
 }
 
+double band_norm_estimate(const BlockStats& stats, float lower, float upper) {
+  const double kept = trimmed_norm_estimate(stats, lower);
+  if (!(upper > 0.0f) || kept == 0.0) return kept;  // no upper cut
+  const double above = trimmed_norm_estimate(stats, upper);
+  return std::sqrt(std::max(0.0, kept * kept - above * above));
+}
+
 std::vector<MergeSpec> specs_by_catalog_tensor(const Catalog& catalog, const MergeSpec& spec) {
   std::vector<std::string> names;
   for (const TensorInfo& t : catalog.tensors) names.push_back(t.name);
@@ -82,7 +93,7 @@ std::vector<MergeSpec> specs_by_catalog_tensor(const Catalog& catalog, const Mer
 
 PairGains compute_pair_gains(const Catalog& catalog, const MergeSpec& spec,
                              const std::vector<std::uint32_t>& catalog_expert) {
-  const bool trims = uses_magnitude_trim(spec.method);
+  const bool trims = uses_magnitude_trim(spec.method), band = uses_band_trim(spec.method);
   const std::size_t tensors = catalog.tensors.size();
   // Parameters per tensor: one resolution when nothing varies, else one per tensor.
   const bool varies = spec.varies_by_tensor();
@@ -98,19 +109,28 @@ PairGains compute_pair_gains(const Catalog& catalog, const MergeSpec& spec,
       for (std::size_t t = 0; t < (varies ? tensors : 1); ++t)
         densities[k].push_back(spec_of(t).experts[k].density);
   }
-  check_catalog_shape(catalog, catalog_expert, densities);
+  check_catalog_shape(catalog, catalog_expert, densities, band);
   std::vector<Coefficients> coefficients;
   for (const MergeSpec& s : tensor_specs) coefficients.push_back(additive_coefficients(s));
   PairGains g;
   g.experts = spec.experts.size();
   g.blocks = catalog.block_count();
   g.gain.assign(g.experts * g.blocks, 0.0);
-  g.thresholds.assign(g.experts * tensors, 0.0f);
+  g.thresholds.assign((band ? 2 : 1) * g.experts * tensors, 0.0f);
+  const auto upper_of = [&](std::size_t k, std::size_t t) -> float& {
+    return g.thresholds[(g.experts + k) * tensors + t];
+  };
   for (std::size_t k = 0; k < g.experts; ++k) {
     const ExpertCatalog& e = catalog.experts[catalog_expert[k]];
-    if (trims) {
-      for (std::size_t t = 0; t < tensors; ++t)
-        g.thresholds[k * tensors + t] = e.trim_threshold(t, spec_of(t).experts[k].density);
+    for (std::size_t t = 0; trims && t < tensors; ++t) {
+      const ExpertSpec& es = spec_of(t).experts[k];
+      if (band) {
+        const TrimBand b = e.trim_band(t, es.density, es.gamma);
+        g.thresholds[k * tensors + t] = b.lower;
+        upper_of(k, t) = b.upper;
+      } else {
+        g.thresholds[k * tensors + t] = e.trim_threshold(t, es.density);
+      }
     }
     for (std::size_t b = 0; b < g.blocks; ++b) {
       const BlockStats& s = e.blocks[b];
@@ -126,6 +146,8 @@ PairGains compute_pair_gains(const Catalog& catalog, const MergeSpec& spec,
                                                          : std::sqrt(density);
       double norm = s.l2;
       if (trims) norm = trimmed_norm_estimate(s, g.thresholds[k * tensors + tensor]);
+      if (band)
+        norm = band_norm_estimate(s, g.thresholds[k * tensors + tensor], upper_of(k, tensor));
       // nearswap's term w·Δ has |w·Δ| <= min(|Δ|, t) per entry.
       if (spec.method == MergeMethod::kNearswap)
         norm = std::min(norm, *ts.t * std::sqrt(static_cast<double>(s.nonzero)));
@@ -224,6 +246,7 @@ Plan make_plan(const Catalog& catalog, const MergeSpec& spec, const PlanRequest&
     plan.expert_dirs.push_back(catalog.experts[static_cast<std::size_t>(idx)].location.dir);
     plan.weights.push_back(e.weight);
     plan.densities.push_back(e.density);
+    if (uses_band_trim(spec.method)) plan.gammas.push_back(e.gamma);
     plan.alpha.push_back(coefficients.alpha[k]);
   }
   plan.lambda = spec.lambda;
@@ -355,6 +378,7 @@ Plan make_full_read_plan(const MergeSpec& spec, const std::vector<TensorInfo>& t
     plan.catalog_expert.push_back(kNoCatalogExpert);
     plan.weights.push_back(spec.experts[k].weight);
     plan.densities.push_back(spec.experts[k].density);
+    if (uses_band_trim(spec.method)) plan.gammas.push_back(spec.experts[k].gamma);
     plan.alpha.push_back(coefficients.alpha[k]);
   }
   plan.lambda = spec.lambda;

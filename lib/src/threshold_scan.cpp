@@ -212,13 +212,26 @@ std::vector<std::vector<float>> scan_thresholds(const ThresholdScan& scan,
   const ScanResult scanned = scan_sketches(scan, blocks, reader);
   std::vector<std::vector<float>> result;
   if (!scanned.complete) return result;
-  for (std::uint32_t t : tensor_list) {
-    std::vector<float> row;
-    for (std::size_t k = 0; k < scan.densities.size(); ++k)
-      row.push_back(scanned.sketches[t][k].threshold(scan.density(t, k)));
-    result.push_back(std::move(row));
-  }
+  for (std::uint32_t t : tensor_list)
+    result.push_back(tensor_trim_thresholds(scan, t, scanned.sketches[t]));
   return result;
+}
+
+std::vector<float> tensor_trim_thresholds(const ThresholdScan& scan, std::size_t tensor,
+                                          const std::vector<MagnitudeSketch>& whole) {
+  const std::size_t experts = scan.densities.size();
+  const bool band = !scan.gammas.empty();
+  std::vector<float> values((band ? 2 : 1) * experts);
+  for (std::size_t k = 0; k < experts; ++k) {
+    if (band) {
+      const TrimBand b = whole[k].band(scan.density(tensor, k), scan.gamma(tensor, k));
+      values[k] = b.lower;
+      values[experts + k] = b.upper;
+    } else {
+      values[k] = whole[k].threshold(scan.density(tensor, k));
+    }
+  }
+  return values;
 }
 
 }  // namespace mergepipe

@@ -334,12 +334,14 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   const std::size_t tensor_count = task.tensors.size();
   const std::vector<TensorInfo> out_tensors = task.output_tensors();
   const bool trims = uses_magnitude_trim(task.spec.method);
+  const bool band = uses_band_trim(task.spec.method);
   const bool gram_methods = uses_tensor_statistics(task.spec.method);
   const bool scan_thresholds_from_data =
       task.full_read &&
       ((trims && task.plan.thresholds.empty()) || (gram_methods && task.plan.linear_forms.empty()));
-  // Values per tensor the scan decides (Thresholds).
-  const std::size_t scan_values = gram_methods ? experts + 1 : experts;
+  // Values per tensor the scan decides (Thresholds): a Gram method's linear form, or the trim
+  // thresholds (breadcrumbs: K lower, then K upper).
+  const std::size_t scan_values = gram_methods ? experts + 1 : (band ? 2 : 1) * experts;
 
   ExecutionJob job = make_execution_job(task, blocking);
   BlockPool buffers;  // one set of block buffers for every stream of this run
@@ -348,7 +350,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
   job.prefetch_depth = options.prefetch_depth;
   job.slice_bytes = options.read_bytes;
   job.allow_nonfinite = options.allow_nonfinite;
-  if (scan_thresholds_from_data && trims) job.thresholds.assign(experts * tensor_count, 0.0f);
+  if (scan_thresholds_from_data && trims) job.thresholds.assign(scan_values * tensor_count, 0.0f);
   // A tensor's scan values, applied to the job before its blocks merge.
   auto apply_scan_values = [&](std::uint32_t tensor, const std::vector<float>& values) {
     if (gram_methods) {
@@ -357,7 +359,8 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       form.alpha.assign(values.begin() + 1, values.end());
       return;
     }
-    for (std::size_t k = 0; k < experts; ++k) job.thresholds[k * tensor_count + tensor] = values[k];
+    for (std::size_t r = 0; r < scan_values; ++r)
+      job.thresholds[r * tensor_count + tensor] = values[r];
   };
 
   io::global_byte_counters().reset();
@@ -577,12 +580,18 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
     scan.gram = gram_methods;
     scan.blocking = &blocking;
     scan.tensors = &task.tensors;
-    for (const ExpertSpec& e : task.spec.experts) scan.densities.push_back(e.density);
+    for (const ExpertSpec& e : task.spec.experts) {
+      scan.densities.push_back(e.density);
+      if (band) scan.gammas.push_back(e.gamma);
+    }
     if (task.spec.varies_by_tensor()) {
       std::vector<std::string> names;
       for (const TensorInfo& t : task.tensors) names.push_back(t.name);
       for (const MergeSpec& s : specs_by_tensor(task.spec, names))
-        for (const ExpertSpec& e : s.experts) scan.tensor_densities.push_back(e.density);
+        for (const ExpertSpec& e : s.experts) {
+          scan.tensor_densities.push_back(e.density);
+          if (band) scan.tensor_gammas.push_back(e.gamma);
+        }
     }
     scan.threads = options.threads;
     scan.io_threads = stream_io_threads;
@@ -650,10 +659,11 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
         if (!thresholds.count(blocking.blocks[b].tensor)) to_scan.push_back(b);
         if (!done.count(b)) to_merge.push_back(b);
       }
-      // Speculation guesses thresholds from part of a tensor; a Gram has no such guess.
+      // Speculation guesses thresholds from part of a tensor; a Gram has no such guess, and
+      // its check (MagnitudeSketch::decided_differently) knows one threshold, not a band.
       for (WindowStep& s :
            window_steps(to_scan, to_merge, footprint, window_bytes, held_reader.has_value(),
-                        options.speculative_merge && trims))
+                        options.speculative_merge && trims && !band))
         steps.push_back({w, std::move(s)});
     }
     // A recheck step's blocks are known once its window's guesses are checked.
@@ -782,9 +792,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       }
       for (std::uint32_t t : windows[w]) {
         if (thresholds.count(t)) continue;
-        std::vector<float> values(experts);
-        for (std::size_t k = 0; k < experts; ++k)
-          values[k] = whole[t][k].threshold(scan.density(t, k));
+        std::vector<float> values = tensor_trim_thresholds(scan, t, whole[t]);
         if (comm.is_root()) journal.thresholds(t, values);
         apply_scan_values(t, values);
         scanned[t] = std::move(values);
@@ -960,7 +968,7 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
       out.assign(scan_values * tensor_count, 0.0f);
       for (const auto& [tensor, values] : known)
         for (std::size_t k = 0; k < scan_values; ++k) {
-          // thresholds are [expert][tensor], linear forms [tensor][value]
+          // thresholds are [row][tensor], linear forms [tensor][value]
           out[gram_methods ? tensor * scan_values + k : k * tensor_count + tensor] = values[k];
         }
     }

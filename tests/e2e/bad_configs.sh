@@ -34,7 +34,7 @@ echo "ok: bad YAML"
 
 refused 2 "bad\.yaml:4: key 'bogus_key': unknown key \(expected one of: base_model, budget, chat_template, dtype, merge_method, models, modules, out_dtype, parameters, seed, slices, tokenizer, tokenizer_source\)" \
   "${head}models: [fam/expert00]\nbogus_key: 1\n"
-refused 1 "bad\.yaml:4: key 'models\[0\]\.parameters\.densty': unknown key \(expected one of: density, weight\)" \
+refused 1 "bad\.yaml:4: key 'models\[0\]\.parameters\.densty': unknown key \(expected one of: density, gamma, weight\)" \
   "${head}models:\n  - {model: fam/expert00, parameters: {weight: 1, densty: 0.5}}\n"
 refused 1 "bad\.yaml:4: key 'parameters\.alpha': unknown key" "${head}models: [fam/expert00]\nparameters: {alpha: 1}\n"
 refused 1 "bad\.yaml:4: key 'models\[0\]\.mdoel': unknown key" "${head}models:\n  - {mdoel: fam/expert00}\n"

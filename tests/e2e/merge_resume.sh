@@ -84,6 +84,15 @@ run_np 2 merge ties.yaml --full-read --block-bytes 256KiB --out res-full --quiet
 same_model_files ref-full res-full
 [[ "$(json_get res-full/mergepipe.manifest.json plan_hash)" == "$(json_get ref-full/mergepipe.manifest.json plan_hash)" ]] ||
   fail "the resumed full read recorded other thresholds"
+# --full-read breadcrumbs: two thresholds per expert and tensor (the band), journaled together.
+sed -e 's/merge_method: ties/merge_method: breadcrumbs_ties/' ties.yaml >crumbs.yaml
+printf 'parameters: {gamma: 0.05}\n' >>crumbs.yaml
+run_np 2 merge crumbs.yaml --full-read --block-bytes 256KiB --out ref-crumbs --quiet
+kill_part_way 2 res-crumbs crumbs.yaml --full-read --block-bytes 256KiB
+run_np 3 merge crumbs.yaml --full-read --block-bytes 256KiB --out res-crumbs --quiet
+same_model_files ref-crumbs res-crumbs
+[[ "$(json_get res-crumbs/mergepipe.manifest.json plan_hash)" == "$(json_get ref-crumbs/mergepipe.manifest.json plan_hash)" ]] ||
+  fail "the resumed breadcrumbs recorded other thresholds"
 # A geometric method (model_stock; slerp, karcher, multislerp and nuslerp take the same path):
 # each tensor's linear form (base scale and one coefficient per expert) comes from the scan's
 # Gram, and is journaled.

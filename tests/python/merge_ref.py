@@ -65,6 +65,28 @@ def sketch_threshold(delta, density):
     return np.array([np.uint32(kth) << np.uint32(15)], dtype=np.uint32).view(np.float32)[0]
 
 
+def breadcrumbs_mask(delta, density, gamma):
+    """mergekit's magnitude_outliers on 2^-8 buckets: drop the top int(gamma n) and keep the next
+    int(density n) by |delta| (a negative bottom count is taken from the top; a top of 0 keeps
+    nothing), keeping whole buckets at both cuts."""
+    flat = np.abs(delta.ravel()).astype(np.float32)
+    n = flat.size
+    if density >= 1.0:
+        return np.ones(delta.shape, dtype=bool)
+    keep, top = int(math.floor(density * n)), int(math.floor(gamma * n))
+    if n - keep - top < 0:
+        top = n - keep
+    if keep == 0 or top == 0:
+        return np.zeros(delta.shape, dtype=bool)
+    buckets = (flat.view(np.uint32) & np.uint32(0x7FFFFFFF)) >> np.uint32(15)
+    desc = np.sort(buckets)[::-1]
+    upper, lower = int(desc[top]), int(desc[top + keep - 1])  # the largest and smallest kept
+    inside = buckets >= lower
+    if upper < 0xFF00:  # an upper bucket of Inf or NaN cuts nothing
+        inside &= buckets <= upper
+    return inside.reshape(delta.shape)
+
+
 def evaluate(setting, name, t):
     """mergekit's parameter lookup for one tensor at position t (None: no conditional matched)."""
     if isinstance(setting, (bool, int, float)):
@@ -188,6 +210,7 @@ def main():
     method = cfg["merge_method"]
     params = cfg.get("parameters", {}) or {}
     normalize = params.get("normalize", method in ("linear", "ties"))
+    band = method in ("breadcrumbs", "breadcrumbs_ties")
     if "slices" in cfg:
         # One slice of every layer (mergekit's slerp examples): its sources are the models.
         assert len(cfg["slices"]) == 1, "the reference takes one whole-model slice"
@@ -207,6 +230,7 @@ def main():
         t_pos = where[name]
         weights = [lookup(m.get("parameters"), params, "weight", name, t_pos, 1.0) for m in models]
         densities = [lookup(m.get("parameters"), params, "density", name, t_pos, 1.0) for m in models]
+        gammas = [lookup(m.get("parameters"), params, "gamma", name, t_pos, 0.01) for m in models]
         lam = np.float32(lookup(None, params, "lambda", name, t_pos, 1.0))
         wsum = sum(weights)
         got, out_dtype = merged[name]
@@ -226,12 +250,28 @@ def main():
             for a, d in zip(alpha, deltas):
                 acc = acc + a * d
             ref = theta0 + acc
-        elif method == "ties":
-            trimmed = [np.where(np.abs(d) >= sketch_threshold(d, dens), d, np.float32(0)) for d, dens in zip(deltas, densities)]
+        elif method == "breadcrumbs":
+            # mergekit's generalized task arithmetic without a sign election: the trimmed deltas'
+            # weighted sum (divided by the weights' sum when normalized), times lambda.
+            alpha = [np.float32(lam * w / wsum) if normalize else np.float32(lam * w) for w in weights]
+            acc = np.zeros_like(theta0)
+            for a, d, dens, g in zip(alpha, deltas, densities, gammas):
+                acc = acc + a * np.where(breadcrumbs_mask(d, dens, g), d, np.float32(0))
+            ref = theta0 + acc
+        elif method in ("ties", "breadcrumbs_ties"):
+            if band:
+                trimmed = [np.where(breadcrumbs_mask(d, dens, g), d, np.float32(0)) for d, dens, g in zip(deltas, densities, gammas)]
+            else:
+                trimmed = [np.where(np.abs(d) >= sketch_threshold(d, dens), d, np.float32(0)) for d, dens in zip(deltas, densities)]
             v = [np.float32(w) * t for w, t in zip(weights, trimmed)]
-            total = np.zeros_like(theta0)
+            # The elected sign is that of the sum evaluated as P + N, the positive and the
+            # negative terms each added in expert order (docs/operators.md, TIES step 4): near
+            # an exact cancellation another order can round to the other sign.
+            pos, neg = np.zeros_like(theta0), np.zeros_like(theta0)
             for x in v:
-                total = total + x
+                pos = pos + np.where(x > 0, x, np.float32(0))
+                neg = neg + np.where(x < 0, x, np.float32(0))
+            total = pos + neg
             sign = np.where(total >= 0, np.float32(1), np.float32(-1))
             merged_sum = np.zeros_like(theta0)
             divisor = np.zeros_like(theta0)

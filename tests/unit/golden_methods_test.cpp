@@ -15,6 +15,7 @@
 
 #include "mergepipe/karcher.hpp"
 #include "mergepipe/layer_names.hpp"
+#include "mergepipe/magnitude_sketch.hpp"
 #include "mergepipe/model_stock.hpp"
 #include "mergepipe/multislerp.hpp"
 #include "mergepipe/nuslerp.hpp"
@@ -22,6 +23,7 @@
 #include "mergepipe/parameter_setting.hpp"
 #include "mergepipe/slerp.hpp"
 #include "mergepipe/tensor_statistics.hpp"
+#include "mergepipe/trim_band.hpp"
 
 using namespace mergepipe;
 using nlohmann::json;
@@ -68,8 +70,9 @@ const std::map<std::string, std::string>& skipped_cases() {
 // Methods whose operator does not exist yet (issue 38); their cases are counted, not checked.
 bool method_missing(const std::string& method) {
   static const std::vector<std::string> available = {
-      "linear",      "task_arithmetic", "ties",        "dare_linear", "dare_ties",  "nearswap",
-      "passthrough", "slerp",           "model_stock", "karcher",     "multislerp", "nuslerp"};
+      "linear",     "task_arithmetic", "ties",        "dare_linear",     "dare_ties",
+      "nearswap",   "passthrough",     "slerp",       "model_stock",     "karcher",
+      "multislerp", "nuslerp",         "breadcrumbs", "breadcrumbs_ties"};
   return std::find(available.begin(), available.end(), method) == available.end();
 }
 
@@ -88,8 +91,10 @@ std::optional<std::string> skip_reason(const json& c) {
   if (c["method"] == "nuslerp" && global.contains("nuslerp_flatten") &&
       as_number(global["nuslerp_flatten"]) == 0.0 && c["expected_shape"].size() > 1)
     return "nuslerp_flatten: false on a matrix (one slerp per row) is not built yet";
-  if (c["method"] == "ties" && global.contains("rescale") && as_number(global["rescale"]) != 0.0)
-    return "rescale: true on ties (the trimmed delta scaled by its L1 ratio) is not built yet";
+  if ((c["method"] == "ties" || c["method"] == "breadcrumbs" ||
+       c["method"] == "breadcrumbs_ties") &&
+      global.contains("rescale") && as_number(global["rescale"]) != 0.0)
+    return "rescale: true on a trim (the trimmed delta scaled by its L1 ratio) is not built yet";
   const std::size_t n =
       flat(c.contains("base") && !c["base"].is_null() ? c["base"] : c["experts"][0]).size();
   for (const json& e : c["experts"]) {
@@ -114,6 +119,7 @@ double distance(const std::vector<float>& got, const std::vector<float>& want) {
 struct Replay {
   std::vector<float> base;
   std::vector<std::vector<float>> deltas;
+  std::vector<double> gammas;  // breadcrumbs, per expert
   OperatorConfig cfg;
 };
 
@@ -177,6 +183,7 @@ Replay replay_inputs(const json& c) {
                                 : 1.0f);
     r.cfg.densities.push_back(p.contains("density") ? static_cast<float>(as_number(p["density"]))
                                                     : 1.0f);
+    r.gammas.push_back(p.contains("gamma") && !p["gamma"].is_null() ? as_number(p["gamma"]) : 0.01);
     std::vector<float> d(r.base.size());
     for (std::size_t i = 0; i < d.size(); ++i) d[i] = models[k][i] - r.base[i];
     r.deltas.push_back(std::move(d));
@@ -197,6 +204,23 @@ std::optional<float> exact_trim_threshold(const std::vector<float>& delta, doubl
   const float t = mag[k - 1];
   if (k < mag.size() && mag[k] == t) return std::nullopt;
   return t;
+}
+
+// mergekit's breadcrumbs keeps the ascending ranks [bottom, n - top) of |Δ| (breadcrumbs_counts).
+// As merge_block's band (lower <= |Δ| < upper): lower the (top + keep)-th largest |Δ|, upper the
+// top-th largest. Equal magnitudes at either cut would keep or drop all of them here, part of
+// them there (an unstable sort): nullopt.
+std::optional<TrimBand> exact_band(const std::vector<float>& delta, double density, double gamma) {
+  const BreadcrumbsCounts counts = breadcrumbs_counts(delta.size(), density, gamma);
+  if (counts.keep_all) return TrimBand{};
+  if (counts.keeps_nothing()) return TrimBand{INFINITY, INFINITY};
+  std::vector<float> mag;
+  for (float d : delta) mag.push_back(std::fabs(d));
+  std::sort(mag.begin(), mag.end(), std::greater<>());
+  const std::size_t top = counts.top, last = counts.top + counts.keep;  // ranks (top, last]
+  if (mag[top - 1] == mag[top]) return std::nullopt;
+  if (last < mag.size() && mag[last - 1] == mag[last]) return std::nullopt;
+  return TrimBand{mag[last - 1], mag[top - 1]};
 }
 
 // The Gram of the case's base and deltas, accumulated in two uneven parts (as blocks and slices
@@ -255,6 +279,24 @@ TEST(GoldenMergekit, EveryDeterministicCaseOfAnAvailableMethodMatches) {
         // trimmed deltas (threshold 0 keeps them as they are).
         const json& sparsified = c["intermediates"]["sparsified_deltas"];
         for (std::size_t k = 0; k < r.deltas.size(); ++k) r.deltas[k] = flat(sparsified[k]);
+        std::fill(thresholds.begin(), thresholds.end(), 0.0f);
+        ++combine_only;
+      }
+    }
+    if (uses_band_trim(r.cfg.method)) {
+      const std::size_t experts = r.deltas.size();
+      thresholds.assign(2 * experts, 0.0f);
+      bool exact = true;
+      for (std::size_t k = 0; k < experts; ++k) {
+        const auto band = exact_band(r.deltas[k], r.cfg.densities[k], r.gammas[k]);
+        exact = exact && band.has_value();
+        thresholds[k] = band.value_or(TrimBand{}).lower;
+        thresholds[experts + k] = band.value_or(TrimBand{}).upper;
+      }
+      if (!exact) {
+        // Ties at a cut: checked on mergekit's own trimmed deltas, as for ties above.
+        const json& sparsified = c["intermediates"]["sparsified_deltas"];
+        for (std::size_t k = 0; k < experts; ++k) r.deltas[k] = flat(sparsified[k]);
         std::fill(thresholds.begin(), thresholds.end(), 0.0f);
         ++combine_only;
       }
@@ -325,13 +367,14 @@ TEST(GoldenMergekit, EveryDeterministicCaseOfAnAvailableMethodMatches) {
   }
   // Every available method is exercised, and nothing is skipped without a listed reason.
   for (const char* m : {"linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "nearswap",
-                        "passthrough", "slerp", "model_stock", "karcher", "multislerp", "nuslerp"})
+                        "passthrough", "slerp", "model_stock", "karcher", "multislerp", "nuslerp",
+                        "breadcrumbs", "breadcrumbs_ties"})
     EXPECT_GT(checked_per_method[m], 0u) << m;
   EXPECT_GE(checked, 105u);  // 74, then model_stock 7, karcher 10, multislerp 7, nuslerp 7
   RecordProperty("checked", static_cast<int>(checked));
   RecordProperty("skipped", static_cast<int>(skipped));
   RecordProperty("missing_method", static_cast<int>(missing));
-  EXPECT_LE(combine_only, 4u);  // the cases built with ties at the cut, no more
+  EXPECT_LE(combine_only, 6u);  // the cases built with ties at the cut, no more
   std::printf(
       "golden: %zu cases checked (%zu on mergekit's trimmed deltas), %zu skipped (listed), %zu "
       "of methods not built yet\n",
@@ -359,6 +402,43 @@ TEST(GoldenMergekit, TiesTrimKeepsWhatMergekitKeeps) {
     }
   }
   EXPECT_GE(compared, 20u);
+}
+
+// mergekit's breadcrumbs trim decisions match our band at the exact thresholds, and the band of
+// a sketch (what the engine plans with) holds every entry mergekit keeps.
+TEST(GoldenMergekit, BreadcrumbsBandKeepsWhatMergekitKeeps) {
+  std::size_t compared = 0, sketched = 0;
+  for (const json& c : golden()["cases"]) {
+    const std::string method = c["method"];
+    if ((method != "breadcrumbs" && method != "breadcrumbs_ties") || skip_reason(c)) continue;
+    const Replay r = replay_inputs(c);
+    const json& sparsified = c["intermediates"]["sparsified_deltas"];
+    for (std::size_t k = 0; k < r.deltas.size(); ++k) {
+      const std::vector<float> want = flat(sparsified[k]);
+      MagnitudeSketch sketch;
+      sketch.add(r.deltas[k].data(), r.deltas[k].size());
+      const TrimBand wide = sketch.band(r.cfg.densities[k], r.gammas[k]);
+      const auto in = [](float d, const TrimBand& b) {
+        const float m = std::fabs(d);
+        return m >= b.lower && (b.upper <= 0.0f || m < b.upper);
+      };
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        if (want[i] != 0.0f) {
+          EXPECT_TRUE(in(r.deltas[k][i], wide)) << c["id"] << " expert " << k << " entry " << i;
+        }
+      }
+      ++sketched;
+      const auto band = exact_band(r.deltas[k], r.cfg.densities[k], r.gammas[k]);
+      if (!band) continue;  // ties at a cut
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        const bool kept = in(r.deltas[k][i], *band) && r.deltas[k][i] != 0.0f;
+        EXPECT_EQ(kept, want[i] != 0.0f) << c["id"] << " expert " << k << " entry " << i;
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 25u);
+  EXPECT_GE(sketched, 35u);
 }
 
 // The random methods: our DARE draws its own counter-based masks, so the samples differ from

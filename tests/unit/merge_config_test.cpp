@@ -312,8 +312,14 @@ TEST(MergeConfig, ErrorsNameFileKeyAndLine) {
       {"merge_method: ties\nbase_model: /b\nparameters: {normalize: [true, false]}\nmodels:\n"
        "  - model: /a\n",
        {"parameters.normalize", "takes true or false"}},
-      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {gamma: 1}\n",
-       {"models[0].parameters.gamma", "unknown key"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {zeta: 1}\n",
+       {"models[0].parameters.zeta", "unknown key"}},
+      {"merge_method: ties\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {gamma: "
+       "0.01}\n",
+       {"/cfg/merge.yaml", "'gamma' belongs to breadcrumbs", "ties does not take it"}},
+      {"merge_method: breadcrumbs\nbase_model: /b\nmodels:\n  - model: /a\n    parameters: {gamma: "
+       "[0.1, 1.5]}\n",
+       {":5", "models[0].parameters.gamma", "gamma 1.5 is outside [0, 1]"}},
       {"merge_method: ties\nbase_model: /b\nmodels:\n  - modle: /a\n",
        {":4", "models[0].modle", "unknown key"}},
       {"merge_method: ties\nbase_model: /b\nmodels:\n  - parameters: {weight: 1}\n",

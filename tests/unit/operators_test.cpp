@@ -96,9 +96,29 @@ std::vector<const float*> pointers(const RandomFamily& f) {
   return p;
 }
 
-const MergeMethod kAllMethods[] = {MergeMethod::kLinear, MergeMethod::kTaskArithmetic,
-                                   MergeMethod::kTies, MergeMethod::kDareLinear,
-                                   MergeMethod::kDareTies};
+const MergeMethod kAllMethods[] = {MergeMethod::kLinear,         MergeMethod::kTaskArithmetic,
+                                   MergeMethod::kTies,           MergeMethod::kDareLinear,
+                                   MergeMethod::kDareTies,       MergeMethod::kBreadcrumbs,
+                                   MergeMethod::kBreadcrumbsTies};
+
+// The thresholds merge_block takes for method m: `ties` (one per expert) as they are, or for the
+// band methods each expert's band from its sketch at its density, gamma 0.02 + 0.04·k (K lower
+// thresholds, then K upper).
+std::vector<float> thresholds_for(MergeMethod m, const std::vector<float>& ties,
+                                  const std::vector<std::vector<float>>& deltas,
+                                  const std::vector<float>& densities) {
+  if (!uses_band_trim(m)) return ties;
+  const std::size_t K = deltas.size();
+  std::vector<float> out(2 * K);
+  for (std::size_t k = 0; k < K; ++k) {
+    MagnitudeSketch sketch;
+    sketch.add(deltas[k].data(), deltas[k].size());
+    const TrimBand b = sketch.band(densities[k], 0.02 + 0.04 * static_cast<double>(k));
+    out[k] = b.lower;
+    out[K + k] = b.upper;
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -311,7 +331,8 @@ TEST(Operators, OmittedExpertEqualsZeroDeltaForEveryMethod) {
   for (MergeMethod m : kAllMethods) {
     for (bool normalize : {true, false}) {
       const auto cfg = make_config(m, {0.8f, -0.3f, 1.2f}, normalize, 0.9, {0.4f, 0.7f, 0.5f}, 5);
-      const TensorContext tctx{tensor_name_key("layers.0.w"), t};
+      const std::vector<float> tm = thresholds_for(m, t, f.deltas, {0.4f, 0.7f, 0.5f});
+      const TensorContext tctx{tensor_name_key("layers.0.w"), tm};
       const auto omitted =
           merge_all(cfg, tctx, f.base, {f.deltas[0].data(), nullptr, f.deltas[2].data()});
       const auto zero =
@@ -377,6 +398,11 @@ float scalar_merge(const OperatorConfig& cfg, const TensorContext& tctx, std::ui
                  ? d / cfg.densities[k]
                  : 0.0f;
     }
+    if (uses_band_trim(cfg.method)) {
+      const float upper = tctx.thresholds[K + k];  // 0: no upper cut
+      return std::fabs(d) >= tctx.thresholds[k] && (upper <= 0.0f || std::fabs(d) < upper) ? d
+                                                                                           : 0.0f;
+    }
     if (uses_magnitude_trim(cfg.method)) return std::fabs(d) >= tctx.thresholds[k] ? d : 0.0f;
     return d;
   };
@@ -418,7 +444,8 @@ TEST(Operators, ManyExpertsFollowTheDocumentedOrderBitForBit) {
   for (MergeMethod m : kAllMethods) {
     for (bool normalize : {true, false}) {
       const auto cfg = make_config(m, w, normalize, 0.75, dens, 1234);
-      const TensorContext tctx{tensor_name_key("lm_head.weight"), t};
+      const std::vector<float> tm = thresholds_for(m, t, f.deltas, dens);
+      const TensorContext tctx{tensor_name_key("lm_head.weight"), tm};
       std::vector<float> out(n);
       merge_block(cfg, tctx, first, n, f.base.data(), d, out.data());
       std::size_t differing = 0;
@@ -442,7 +469,8 @@ TEST(Operators, AnySplitGivesTheSameBits) {
   for (MergeMethod m : kAllMethods) {
     const auto cfg = make_config(m, {1.0f, 0.6f, -0.4f, 1.3f}, default_normalize(m), 0.8,
                                  {0.35f, 0.5f, 1.0f, 0.1f}, 42);
-    const TensorContext tctx{tensor_name_key("model.layers.3.mlp.up_proj.weight"), t};
+    const std::vector<float> tm = thresholds_for(m, t, f.deltas, {0.35f, 0.5f, 1.0f, 0.1f});
+    const TensorContext tctx{tensor_name_key("model.layers.3.mlp.up_proj.weight"), tm};
     const auto whole = merge_all(cfg, tctx, f.base, pointers(f));
     std::vector<float> pieces(n);
     std::uniform_int_distribution<std::size_t> len(1, 5000);

@@ -51,7 +51,11 @@ RandomCase random_case(std::uint64_t seed) {
   }
   const std::uint64_t block_bytes_choices[] = {8, 32, 64, 256, 1024};
   const std::uint64_t block_bytes = block_bytes_choices[pick(0, 4)];
-  const auto method = static_cast<MergeMethod>(pick(0, 4));
+  auto method = static_cast<MergeMethod>(pick(0, 4));
+  // A third of the trimmed cases each are breadcrumbs' bands (chosen from the seed, so the
+  // draws of the others stay as they were).
+  if (method == MergeMethod::kTies && seed % 3 != 0)
+    method = seed % 3 == 1 ? MergeMethod::kBreadcrumbs : MergeMethod::kBreadcrumbsTies;
   const int experts = pick(1, 5);
 
   std::vector<std::vector<std::vector<float>>> deltas(static_cast<std::size_t>(experts));
@@ -89,6 +93,10 @@ RandomCase random_case(std::uint64_t seed) {
     densities.push_back(pick(0, 3) == 0 ? 1.0 : uniform(0.05, 1.0));
   }
   rc.spec = spec_for(rc.catalog, method, weights, densities);
+  if (uses_band_trim(method)) {
+    const double gammas[] = {0.0, 0.01, 0.1, 0.3};
+    for (ExpertSpec& e : rc.spec.experts) e.gamma = gammas[(seed / 3 + e.path.size()) % 4];
+  }
   rc.spec.lambda = uniform(0.3, 1.5);
   rc.spec.seed = seed;
   return rc;
@@ -113,6 +121,16 @@ double reference_gain(const RandomCase& rc, std::size_t k, std::size_t b,
     case MergeMethod::kTies: {
       const std::uint32_t t = rc.catalog.blocking.blocks[b].tensor;
       return a * trimmed_norm_estimate(s, rc.catalog.experts[k].sketches[t].threshold(d));
+    }
+    case MergeMethod::kBreadcrumbs:
+    case MergeMethod::kBreadcrumbsTies: {
+      // What the band keeps: all at or above its lower edge, less all at or above its upper.
+      const std::uint32_t t = rc.catalog.blocking.blocks[b].tensor;
+      const TrimBand band = rc.catalog.experts[k].sketches[t].band(d, rc.spec.experts[k].gamma);
+      const double kept = trimmed_norm_estimate(s, band.lower);
+      const double above = band.upper > 0.0f ? trimmed_norm_estimate(s, band.upper) : 0.0;
+      return a *
+             std::sqrt(std::max(0.0, kept * kept - std::min(above, kept) * std::min(above, kept)));
     }
     case MergeMethod::kPassthrough:
     case MergeMethod::kSlerp:
@@ -212,13 +230,21 @@ void check_plan(const RandomCase& rc, const Reference& ref, const Plan& plan,
       if (!plan.admitted(k, b)) sq += ref.gain[k * B + b] * ref.gain[k * B + b];
   EXPECT_TRUE(near(plan.deviation_estimate, std::sqrt(sq)));
   EXPECT_EQ(plan.bound_is_guarantee, is_additive(rc.spec.method));
-  ASSERT_EQ(plan.thresholds.size(), K * T);
+  const bool band = uses_band_trim(rc.spec.method);
+  ASSERT_EQ(plan.thresholds.size(), (band ? 2 : 1) * K * T);
+  ASSERT_EQ(plan.gammas.size(), band ? K : 0);
   for (std::size_t k = 0; k < K; ++k) {
     for (std::size_t t = 0; t < T; ++t) {
-      const float want_t =
-          uses_magnitude_trim(rc.spec.method)
-              ? rc.catalog.experts[k].sketches[t].threshold(rc.spec.experts[k].density)
-              : 0.0f;
+      const MagnitudeSketch& sketch = rc.catalog.experts[k].sketches[t];
+      const ExpertSpec& e = rc.spec.experts[k];
+      if (band) {
+        const TrimBand want = sketch.band(e.density, e.gamma);
+        EXPECT_EQ(plan.threshold(k, t), want.lower);
+        EXPECT_EQ(plan.upper_threshold(k, t), want.upper);
+        EXPECT_EQ(plan.gammas[k], e.gamma);
+        continue;
+      }
+      const float want_t = uses_magnitude_trim(rc.spec.method) ? sketch.threshold(e.density) : 0.0f;
       EXPECT_EQ(plan.threshold(k, t), want_t);
     }
   }

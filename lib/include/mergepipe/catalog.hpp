@@ -70,6 +70,9 @@ struct ExpertCatalog {
   // The TIES threshold of tensor t at `density`: from `thresholds` when loaded for it, else from
   // the tensor's sketch. std::out_of_range when neither is there.
   float trim_threshold(std::size_t tensor, double density) const;
+  // breadcrumbs' band of tensor t (MagnitudeSketch::band): needs the sketches.
+  // std::out_of_range when they are not loaded.
+  TrimBand trim_band(std::size_t tensor, double density, double gamma) const;
 };
 
 struct Catalog {

@@ -25,7 +25,9 @@ enum class MergeMethod {
   kModelStock,
   kKarcher,
   kMultislerp,
-  kNuslerp
+  kNuslerp,
+  kBreadcrumbs,
+  kBreadcrumbsTies
 };
 
 std::optional<MergeMethod> parse_merge_method(std::string_view name);
@@ -34,9 +36,16 @@ std::string_view merge_method_name(MergeMethod method);
 bool default_normalize(MergeMethod method);
 // True for methods whose output is a fixed-coefficient sum of deltas (linear, task arithmetic).
 bool is_additive(MergeMethod method);
-bool uses_magnitude_trim(MergeMethod method);  // ties: per-tensor top-k by |Δ|
-bool uses_sign_election(MergeMethod method);   // ties, dare_ties
-bool uses_dare(MergeMethod method);            // dare_linear, dare_ties: Bernoulli drop + 1/density
+// ties and breadcrumbs*: entries kept by |Δ| against per-(expert, tensor) thresholds.
+bool uses_magnitude_trim(MergeMethod method);
+// breadcrumbs, breadcrumbs_ties: the kept entries are a band, lower <= |Δ| < upper (the largest
+// ones are dropped too), so each (expert, tensor) has two thresholds (trim_threshold_rows).
+bool uses_band_trim(MergeMethod method);
+// Thresholds per (expert, tensor): 0 (no trim), 1 (ties: the lower one), 2 (the band methods:
+// lower, then upper). Plans hold them as rows·K rows of T: row r·K + k for expert k.
+std::size_t trim_threshold_rows(MergeMethod method);
+bool uses_sign_election(MergeMethod method);  // ties, dare_ties, breadcrumbs_ties
+bool uses_dare(MergeMethod method);           // dare_linear, dare_ties: Bernoulli drop + 1/density
 // True when the omitted-update bound Σ|α_k|·‖Δ_k omitted‖ is a guarantee: the additive methods,
 // and nearswap, whose term w·Δ (0 ≤ w ≤ 1) is never larger than Δ.
 bool has_guaranteed_bound(MergeMethod method);
@@ -57,6 +66,7 @@ struct ExpertSpec {
   std::string path;
   double weight = 1.0;
   double density = 1.0;  // in (0, 1]
+  double gamma = 0.01;   // breadcrumbs: the share of largest |Δ| dropped, in [0, 1]
   // This model's settings of the parameters that vary by tensor (see MergeSpec::varying).
   ParameterTable varying;
 };

@@ -49,9 +49,11 @@ struct OperatorConfig {
 
 // Per-tensor inputs that do not depend on blocking.
 struct TensorContext {
-  std::uint64_t name_key = 0;         // tensor_name_key(name): keys the DARE stream
-  std::span<const float> thresholds;  // per expert: TIES magnitude threshold (|Δ| >= t kept);
-                                      // ignored by the other methods
+  std::uint64_t name_key = 0;  // tensor_name_key(name): keys the DARE stream
+  // Per expert, for the methods that trim by magnitude (trim_threshold_rows): ties the threshold
+  // t_k (|Δ| >= t_k kept); breadcrumbs* K lower thresholds, then K upper ones (trim_band.hpp:
+  // lower_k <= |Δ| < upper_k kept, upper 0 cuts nothing). Ignored by the other methods.
+  std::span<const float> thresholds;
 };
 
 // Stable 64-bit key of a tensor name: XXH3-64 of its bytes with seed 0.
@@ -61,7 +63,8 @@ std::uint64_t tensor_name_key(std::string_view tensor_name);
 //  linear:          out = base_scale·θ0 + Σ alpha_k Δ_k
 //  task_arithmetic: out = θ0 + Σ alpha_k Δ_k            (alpha_k = λ·w_k [/Σw])
 //  dare_linear:     out = θ0 + Σ alpha_k Δ'_k            (same alpha as task_arithmetic)
-//  ties, dare_ties: v_k = w_k·Δ'_k, out = θ0 + lambda·merged
+//  breadcrumbs:     out = θ0 + Σ alpha_k Δ'_k            (Δ' the band-trimmed Δ)
+//  ties, dare_ties, breadcrumbs_ties: v_k = w_k·Δ'_k, out = θ0 + lambda·merged
 //  nearswap:        out = θ0 + w·Δ with w = min(1, t / max(|Δ|, 1e-6)) per element (one expert)
 //  passthrough:     out = scale·θ0 (no expert; scale 1 copies the bits)
 //  slerp, model_stock, karcher, multislerp:

@@ -53,7 +53,8 @@ struct Plan {
   std::vector<std::uint32_t> catalog_expert;  // index into Catalog::experts
   std::vector<double> weights;                // w_k as configured
   std::vector<double> densities;              // density_k as configured
-  std::vector<double> alpha;                  // α_k (signed); the scores and the bound use |α_k|
+  std::vector<double> gammas;  // breadcrumbs*: gamma_k as configured; empty for other methods
+  std::vector<double> alpha;   // α_k (signed); the scores and the bound use |α_k|
   double lambda = 1.0;
   bool normalize = false;  // effective value
   std::uint64_t seed = 0;
@@ -82,9 +83,11 @@ struct Plan {
   std::uint64_t pairs_total = 0;  // experts × blocks
   std::uint64_t pairs_zero = 0;   // pairs skipped because their delta is exactly zero
   std::vector<ExpertMask> mask;   // per plan expert
-  // Per plan expert and tensor, the TIES trimming threshold (|Δ| >= t kept) from the catalog
-  // sketch; 0 when the method does not trim by magnitude. Row-major [expert][tensor]. Empty
-  // only in a --full-read TIES plan before its thresholds are computed from the data.
+  // Per plan expert and tensor, the trimming thresholds from the catalog sketch: ties' (|Δ| >= t
+  // kept), or breadcrumbs' band (lower rows 0..K-1, then upper rows K..2K-1: lower <= |Δ| <
+  // upper kept); 0 when the method does not trim by magnitude. threshold_rows() rows of
+  // tensor_count, row-major. Empty only in a --full-read plan before its thresholds are
+  // computed from the data.
   std::vector<float> thresholds;
   // Gram methods (slerp, model_stock, karcher, multislerp): per tensor, the linear form
   // merge_block applies (base_scale, then alpha per expert:
@@ -102,6 +105,11 @@ struct Plan {
   std::size_t expert_count() const { return expert_dirs.size(); }
   float threshold(std::size_t expert, std::size_t tensor) const {
     return thresholds[expert * tensor_count + tensor];
+  }
+  // Rows of `thresholds` per expert: 2 for the band methods, else 1 (zeros where nothing trims).
+  std::size_t threshold_rows() const;
+  float upper_threshold(std::size_t expert, std::size_t tensor) const {
+    return thresholds[(expert_count() + expert) * tensor_count + tensor];
   }
 };
 

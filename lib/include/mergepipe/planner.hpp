@@ -45,14 +45,18 @@ Plan make_full_read_plan(const MergeSpec& spec, const std::vector<TensorInfo>& t
 // gain(k, b): what omitting pair (k, b) can cost, the term of the bound:
 //   linear, task_arithmetic: |α_k|·‖Δ_{k,b}‖₂
 //   ties:                   |λ w_k|·(estimated ‖Δ_{k,b}‖₂ of the entries trimming keeps)
+//   breadcrumbs*:           |α_k|·(estimated ‖Δ_{k,b}‖₂ of the entries in the band)
 //   dare_linear, dare_ties: |λ w_k|·‖Δ_{k,b}‖₂ / sqrt(density_k)
 // (k indexes the plan's experts.)
 struct PairGains {
   std::size_t experts = 0, blocks = 0;
   std::vector<double> gain;       // [k * blocks + b]
-  std::vector<float> thresholds;  // [k * tensors + t], as in Plan::thresholds
+  std::vector<float> thresholds;  // [row * tensors + t], as in Plan::thresholds
   double at(std::size_t k, std::size_t b) const { return gain[k * blocks + b]; }
 };
+// The same for breadcrumbs' band lower <= |Δ| < upper: what is kept at or above lower less what
+// lies at or above upper (upper 0: no upper cut).
+double band_norm_estimate(const BlockStats& stats, float lower, float upper);
 PairGains compute_pair_gains(const Catalog& catalog, const MergeSpec& spec,
                              const std::vector<std::uint32_t>& catalog_expert);
 

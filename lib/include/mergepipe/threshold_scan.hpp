@@ -31,6 +31,11 @@ struct ThresholdScan {
     return tensor_densities.empty() ? densities[k]
                                     : tensor_densities[tensor * densities.size() + k];
   }
+  // breadcrumbs' gamma per expert, and per tensor as the densities (empty for other methods).
+  std::vector<double> gammas, tensor_gammas;
+  double gamma(std::size_t tensor, std::size_t k) const {
+    return tensor_gammas.empty() ? gammas[k] : tensor_gammas[tensor * gammas.size() + k];
+  }
   int threads = 1;  // compute threads
   int io_threads = 4;
   int prefetch_depth = 2;
@@ -59,8 +64,13 @@ struct ScanResult {
 ScanResult scan_sketches(const ThresholdScan& scan, const std::vector<std::uint32_t>& blocks,
                          BlockReader& reader);
 
-// Thresholds of whole tensors: result[i][k] is tensor_list[i]'s threshold for expert k
-// (|Δ| >= t kept), from the sketch of all its blocks.
+// The trim thresholds of one tensor from its whole sketches, as a plan holds them: one per expert
+// (ties: |Δ| >= t kept), or with gammas the band's K lower thresholds then its K upper ones.
+std::vector<float> tensor_trim_thresholds(const ThresholdScan& scan, std::size_t tensor,
+                                          const std::vector<MagnitudeSketch>& whole);
+
+// Thresholds of whole tensors: result[i] is tensor_list[i]'s tensor_trim_thresholds, from the
+// sketch of all its blocks.
 std::vector<std::vector<float>> scan_thresholds(const ThresholdScan& scan,
                                                 const std::vector<std::uint32_t>& tensor_list,
                                                 BlockReader& reader);
