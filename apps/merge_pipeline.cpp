@@ -64,8 +64,14 @@ nlohmann::json lineage_of(const MergeTask& task) {
   return parents;
 }
 
-void write_folder_metadata(const MergeTask& task, const std::string& dir,
-                           const FolderOptions& folder) {
+// Writes the output folder's files beside the tensors; returns the names it wrote.
+std::set<std::string> write_folder_metadata(const MergeTask& task, const std::string& dir,
+                                            const FolderOptions& folder) {
+  std::set<std::string> written;
+  const auto write = [&](const std::string& name, const std::string& text) {
+    io::write_text_file(dir + "/" + name, text);
+    written.insert(name);
+  };
   // The base model's folder (a frankenmerge's base location spans several models' files).
   const std::string base_dir = task.spec.base_model;
   const std::string base_config = base_dir + "/config.json";
@@ -75,7 +81,7 @@ void write_folder_metadata(const MergeTask& task, const std::string& dir,
     if (!task.spec.slices.empty()) text = io::rewrite_config_layers(text, task.spec);
     if (task.spec.out_dtype)
       text = io::rewrite_config_dtype(text, torch_dtype_name(*task.spec.out_dtype));
-    io::write_text_file(dir + "/config.json", text);
+    write("config.json", text);
   }
   // The base's processor files, and the tokenizer of tokenizer_source (the base's by default).
   const std::string tokenizer_dir = io::tokenizer_folder(task.spec);
@@ -84,36 +90,37 @@ void write_folder_metadata(const MergeTask& task, const std::string& dir,
     if (!entry.is_regular_file() || !io::is_carried_file(name) || io::is_tokenizer_file(name))
       continue;
     io::copy_file(entry.path().string(), dir + "/" + name);
+    written.insert(name);
   }
   if (folder.copy_tokenizer) {
     for (const auto& entry : fs::directory_iterator(tokenizer_dir)) {
       const std::string name = entry.path().filename().string();
-      if (entry.is_regular_file() && io::is_tokenizer_file(name))
+      if (entry.is_regular_file() && io::is_tokenizer_file(name)) {
         io::copy_file(entry.path().string(), dir + "/" + name);
+        written.insert(name);
+      }
     }
     const std::string chat_template = io::resolve_chat_template(task.spec);
     if (!chat_template.empty()) {
       const std::string config = dir + "/tokenizer_config.json";
       std::error_code exists_ec;
       const std::string text = fs::exists(config, exists_ec) ? io::read_text_file(config) : "";
-      io::write_text_file(config, io::with_chat_template(text, chat_template, config));
+      write("tokenizer_config.json", io::with_chat_template(text, chat_template, config));
       // Newer tokenizers keep the template in a file of its own, which wins over the config's.
       if (fs::exists(dir + "/chat_template.jinja", exists_ec))
-        io::write_text_file(dir + "/chat_template.jinja", chat_template);
+        write("chat_template.jinja", chat_template);
     }
   }
-  if (!folder.config_text.empty())
-    io::write_text_file(dir + "/mergekit_config.yml", folder.config_text);
+  if (!folder.config_text.empty()) write("mergekit_config.yml", folder.config_text);
   if (folder.write_model_card) {
-    io::write_text_file(dir + "/README.md",
-                        make_model_card(task, folder.card_title, folder.config_text));
+    write("README.md", make_model_card(task, folder.card_title, folder.config_text));
   }
   if (task.format == OutputFormat::kSafetensors) {
     const io::OutputLayout layout =
         io::make_output_layout(task.output_tensors(), task.max_shard_bytes);
-    if (!layout.index_json.empty())
-      io::write_text_file(dir + "/model.safetensors.index.json", layout.index_json);
+    if (!layout.index_json.empty()) write("model.safetensors.index.json", layout.index_json);
   }
+  return written;
 }
 
 }  // namespace
@@ -338,7 +345,9 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
       while (out.size() > 1 && out.back() == '/') out.pop_back();
       folder.card_title = fs::path(out).filename().string();
     }
-    write_folder_metadata(task, staging->path(), folder);
+    std::set<std::string> published = write_folder_metadata(task, staging->path(), folder);
+    published.insert(outcome.run.files.begin(), outcome.run.files.end());
+    published.insert(kManifestFileName);
     ManifestRecord record;
     record.task = &task;
     record.plan_json = plan_to_json(task.plan);
@@ -418,7 +427,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
                       {"total", outcome.total_seconds}};
     outcome.manifest = make_manifest(record);
     io::write_text_file(staging->path() + "/" + kManifestFileName, outcome.manifest.dump(2) + "\n");
-    staging->publish();
+    staging->publish_exactly(published);
   });
   comm.check(failure, "publish output");
   return outcome;

@@ -123,6 +123,16 @@ StagingFolder::~StagingFolder() {
   if (!published_ && !path_.empty()) remove_tree(path_);
 }
 
+void StagingFolder::publish_exactly(const std::set<std::string>& names) {
+  std::vector<fs::path> strays;
+  for (const auto& entry : fs::directory_iterator(path_)) {
+    const std::string name = entry.path().filename().string();
+    if (!is_bookkeeping(name) && !names.count(name)) strays.push_back(entry.path());
+  }
+  for (const fs::path& p : strays) remove_tree(p.string());
+  publish();
+}
+
 void StagingFolder::publish() {
   for (const auto& entry : fs::directory_iterator(path_)) {
     const std::string name = entry.path().filename().string();

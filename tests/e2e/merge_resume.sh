@@ -63,7 +63,13 @@ for fmt in safetensors hdf5; do
   # Budgeted TIES: the uninterrupted reference, then killed at 2 ranks and resumed at 2 and 3.
   run_np 2 merge ties.yaml --catalog cat --budget 70% --format "$fmt" --out "ref-$fmt" --quiet
   kill_part_way 2 "res-$fmt" ties.yaml --catalog cat --budget 70% --format "$fmt"
+  # What Open MPI's MPI-IO leaves beside a shared file when a run across nodes is killed (issue
+  # 42): the resumed run must publish exactly what an uninterrupted one writes.
+  stray=$(ls ".res-$fmt.mergepipe-staging" | grep -E '\.(safetensors|h5)$' | head -1)
+  [[ -n "$stray" ]] || fail "$fmt: the killed run staged no output file"
+  touch ".res-$fmt.mergepipe-staging/$stray-4242-77.lock"
   run_np 2 merge ties.yaml --catalog cat --budget 70% --format "$fmt" --out "res-$fmt" >resume.txt
+  [[ ! -e "res-$fmt/$stray-4242-77.lock" ]] || fail "$fmt: a stray lock file was published"
   grep -Eq "resumed +[1-9][0-9]* of $BLOCKS blocks kept" resume.txt ||
     { cat resume.txt >&2; fail "$fmt: the rerun did not resume"; }
   same_model_files "ref-$fmt" "res-$fmt"

@@ -9,6 +9,7 @@
 // keeps what is there and continues (io/resume_journal.hpp), any other task starts it afresh. A
 // run that fails with an error removes its staging folder.
 #include <optional>
+#include <set>
 #include <string>
 
 #include "mergepipe/io/folder_lock.hpp"
@@ -40,6 +41,11 @@ class StagingFolder {
   // (replacing an existing target when allowed: the target holds the old output or the new one
   // at every instant), fsyncs the parent.
   void publish();
+  // publish() of exactly the files named (names inside the folder): anything else in it is
+  // removed first, such as the lock files Open MPI's MPI-IO leaves beside a shared file when a
+  // run spanning nodes is killed (`model.safetensors-<job>-<pid>.lock`). So the target holds
+  // what an uninterrupted run writes, whatever a killed one left.
+  void publish_exactly(const std::set<std::string>& names);
 
  private:
   void reclaim_replaced();
