@@ -889,10 +889,18 @@ MergeRunResult run_merge(const Comm& comm, const MergeTask& task, const MergeRun
                   into[k].merge(scanned_part.sketches[t][k]);
               }
             }
-            // Expert blocks identical to the base merge as omitted ones: not read again.
+            // Expert blocks identical to the base merge as omitted ones: not read again. The
+            // progress total counted them in the merge's bytes, so they count as done here (a
+            // full read of a family of partial fine-tunes ended its bar at 73-80%).
+            std::uint64_t skipped_bytes = 0;
             for (const auto& [block, changed] : scanned_part.changed)
-              for (std::size_t k = 0; k < experts; ++k)
-                if (!changed[k]) unchanged_pairs[std::size_t{block} * experts + k] = 1;
+              for (std::size_t k = 0; k < experts; ++k) {
+                char& unchanged = unchanged_pairs[std::size_t{block} * experts + k];
+                if (changed[k] || unchanged) continue;
+                unchanged = 1;
+                skipped_bytes += blocking.blocks[block].byte_length;
+              }
+            monitor.add(skipped_bytes);
           });
         }
         if (step.combine) {

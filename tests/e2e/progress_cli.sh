@@ -25,6 +25,15 @@ n=$(grep -Ec "^mergepipe: merge +[0-9.]+% \| [0-9.]+ of [0-9.]+ GB \| [0-9.]+ GB
 ((n >= 3)) || { cat lines.err >&2; fail "expected several progress lines, got $n"; }
 tail -1 lines.err | grep -Eq "^mergepipe: merge 100.0% .*\| done$" || fail "the last progress line is not the final one"
 grep -q "^merged 3 experts" lines.out || fail "no summary on stdout"
+# A full-read TIES of partial fine-tunes: the scan finds expert blocks equal to the base, which
+# the merge then skips; the bar still ends at 100% (it ended at 73-80%, issue 42).
+"$MERGEPIPE" synth --preset qwen3-0.6b --layers 2 --hidden 256 --vocab 4096 --experts 3 \
+  --kinds partial --seed 4 --out part >/dev/null
+write_config part.yaml ties part 3
+run_np 2 merge part.yaml --full-read --block-bytes 64KiB --out part-out --progress-interval 0.01 \
+  >part.out 2>part.err
+tail -1 part.err | grep -Eq "^mergepipe: merge 100.0% .*\| done$" ||
+  { cat part.err >&2; fail "the full-read TIES progress did not end at 100%"; }
 
 # A terminal: under a pty mpirun's stderr is the terminal, so rank 0 draws a bar in place.
 command -v script >/dev/null || fail "script(1) is needed (util-linux)"
