@@ -168,6 +168,8 @@ void print_merge_summary(const MergeTask& task, const PipelineOutcome& outcome,
                      {"plan_hash", plan.hash},
                      {"experts", task.experts.size()},
                      {"ranks", ctx.comm.size()},
+                     {"nodes", outcome.layout.nodes.size()},
+                     {"ranks_per_node", outcome.layout.ranks_per_node()},
                      {"threads", outcome.threads},
                      {"budget_bytes", plan.budget_bytes},
                      {"planned_expert_bytes", plan.planned_expert_bytes},
@@ -181,8 +183,25 @@ void print_merge_summary(const MergeTask& task, const PipelineOutcome& outcome,
                      {"seconds", outcome.total_seconds}});
     return;
   }
-  std::printf("merged %zu experts (%s) into %s on %d rank(s) x %d thread(s)\n", task.experts.size(),
-              plan.method.c_str(), o.out.c_str(), ctx.comm.size(), outcome.threads);
+  // "2 rank(s) on 1 node x 2 thread(s)", or "4 rank(s) on 2 nodes (3+1) x 1-2 thread(s)".
+  const std::vector<mpi::NodeLayout>& nodes = outcome.layout.nodes;
+  std::string where = std::to_string(ctx.comm.size()) + " rank(s) on " +
+                      std::to_string(nodes.size()) + (nodes.size() == 1 ? " node" : " nodes");
+  int fewest = outcome.threads, most = outcome.threads;
+  if (nodes.size() > 1) {
+    std::string split;
+    for (const mpi::NodeLayout& n : nodes)
+      split += (split.empty() ? "" : "+") + std::to_string(n.ranks);
+    where += " (" + split + ")";
+  }
+  for (const mpi::NodeLayout& n : nodes) {
+    fewest = std::min(fewest, n.threads);
+    most = std::max(most, n.threads);
+  }
+  const std::string threads =
+      fewest == most ? std::to_string(most) : std::to_string(fewest) + "-" + std::to_string(most);
+  std::printf("merged %zu experts (%s) into %s on %s x %s thread(s)\n", task.experts.size(),
+              plan.method.c_str(), o.out.c_str(), where.c_str(), threads.c_str());
   if (outcome.run.blocks_resumed > 0) {
     std::printf(
         "  resumed            %llu of %llu blocks kept from the interrupted run (%llu "

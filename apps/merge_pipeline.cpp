@@ -64,6 +64,15 @@ nlohmann::json lineage_of(const MergeTask& task) {
   return parents;
 }
 
+// Each node as the manifest records it: host, ranks, threads per rank, CPUs.
+nlohmann::ordered_json node_layout_json(const mpi::JobLayout& layout) {
+  nlohmann::ordered_json nodes = nlohmann::ordered_json::array();
+  for (const mpi::NodeLayout& n : layout.nodes)
+    nodes.push_back(
+        {{"host", n.host}, {"ranks", n.ranks}, {"threads", n.threads}, {"cpus", n.cpus}});
+  return nodes;
+}
+
 // Writes the output folder's files beside the tensors; returns the names it wrote.
 std::set<std::string> write_folder_metadata(const MergeTask& task, const std::string& dir,
                                             const FolderOptions& folder) {
@@ -270,6 +279,7 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
   const mpi::CpuPlacement placement =
       options.placement ? *options.placement : mpi::cpu_placement(comm);
   outcome.threads = options.threads > 0 ? options.threads : mpi::default_threads(placement);
+  outcome.layout = mpi::job_layout(comm, placement, outcome.threads);
   if (const std::string advice = mpi::idle_cpu_advice(placement); comm.is_root() && !advice.empty())
     print_warning(options.style, advice);
 
@@ -373,6 +383,9 @@ PipelineOutcome execute_and_publish(CommandContext& ctx, MergeTask& task,
                     {"schedule", options.schedule == mpi::Schedule::kStatic ? "static" : "dynamic"},
                     {"read_bytes", options.read_bytes},
                     {"cpus_per_rank", placement.rank_cpus},
+                    {"nodes", outcome.layout.nodes.size()},
+                    {"ranks_per_node", outcome.layout.ranks_per_node()},
+                    {"node_layout", node_layout_json(outcome.layout)},
                     {"input_io",
                      {{"mode", std::string(io::input_io_name(options.input_io))},
                       {"files", outcome.run.input_files},

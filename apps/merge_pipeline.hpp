@@ -12,6 +12,7 @@
 #include "mergepipe/io/output_guard.hpp"
 #include "mergepipe/merge_task.hpp"
 #include "mergepipe/mpi/cpu_placement.hpp"
+#include "mergepipe/mpi/job_layout.hpp"
 #include "mergepipe/mpi/merge_run.hpp"
 #include "output_style.hpp"
 
@@ -87,6 +88,7 @@ struct PipelineOutcome {
   double total_seconds = 0;
   int threads = 1;         // compute threads per rank actually used
   int prefetch_depth = 2;  // slices read ahead per rank actually used
+  mpi::JobLayout layout;   // the nodes, their ranks and threads (complete on rank 0)
 };
 
 // Collective. `task` must be complete on rank 0 (other ranks receive it).

@@ -83,7 +83,7 @@ same_model_files() {
 # json_get FILE KEY.PATH
 json_get() {
   "$PYTHON" -c "import json,sys; d=json.load(open(sys.argv[1]))
-for k in sys.argv[2].split('.'): d=d[k]
+for k in sys.argv[2].split('.'): d=d[int(k)] if isinstance(d, list) else d[k]
 print(d)" "$1" "$2"
 }
 

@@ -25,6 +25,12 @@ n=$(grep -Ec "^mergepipe: merge +[0-9.]+% \| [0-9.]+ of [0-9.]+ GB \| [0-9.]+ GB
 ((n >= 3)) || { cat lines.err >&2; fail "expected several progress lines, got $n"; }
 tail -1 lines.err | grep -Eq "^mergepipe: merge 100.0% .*\| done$" || fail "the last progress line is not the final one"
 grep -q "^merged 3 experts" lines.out || fail "no summary on stdout"
+# The summary and the manifest say on how many nodes (issue 42: 1x2 and 2x1 looked alike).
+grep -Eq "^merged 3 experts \(ties\) into lines on 2 rank\(s\) on 1 node x 1 thread\(s\)$" lines.out ||
+  { cat lines.out >&2; fail "the summary does not give the nodes"; }
+[[ "$(json_get lines/mergepipe.manifest.json nodes)" == 1 ]] || fail "the manifest lacks nodes: 1"
+[[ "$(json_get lines/mergepipe.manifest.json node_layout.0.ranks)" == 2 ]] ||
+  fail "the manifest's node_layout does not hold both ranks"
 # A full-read TIES of partial fine-tunes: the scan finds expert blocks equal to the base, which
 # the merge then skips; the bar still ends at 100% (it ended at 73-80%, issue 42).
 "$MERGEPIPE" synth --preset qwen3-0.6b --layers 2 --hidden 256 --vocab 4096 --experts 3 \
