@@ -644,9 +644,7 @@ fs::path target_path(const std::string& path) {
 }
 
 fs::path temp_name(const fs::path& dir, const char* name) {
-  static std::atomic<unsigned> counter{0};
-  return dir / ("." + std::string(name) + ".tmp-" + std::to_string(::getpid()) + "-" +
-                std::to_string(counter++));
+  return temp_sibling_path((dir / name).string());
 }
 
 }  // namespace

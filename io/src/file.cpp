@@ -273,13 +273,25 @@ void write_text_file(const std::string& path, const std::string& text) {
   f.sync();
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
+std::string temp_sibling_path(const std::string& path) {
   static std::atomic<unsigned> counter{0};
+  static const std::string host = [] {
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) != 0) return std::string("host");
+    std::string h(name);
+    for (char& c : h)
+      if (c == '/' || c == '\0') c = '_';
+    return h.empty() ? std::string("host") : h;
+  }();
   const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const std::string dir = slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
   const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  const std::string tmp = (slash == std::string::npos ? std::string() : dir) + "." + name +
-                          ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  return dir + "." + name + ".tmp-" + host + "-" + std::to_string(::getpid()) + "-" +
+         std::to_string(counter++);
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = temp_sibling_path(path);
   File f(tmp, File::Mode::kCreateNew);
   try {
     f.write_at(0, std::as_bytes(std::span(text.data(), text.size())));
@@ -293,7 +305,8 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     (void)::unlink(tmp.c_str());
     throw IoError(path + ": cannot rename " + tmp + " into place: " + errno_text(err));
   }
-  sync_directory(dir);
+  const std::size_t slash = path.rfind('/');
+  sync_directory(slash == std::string::npos ? "." : path.substr(0, slash + 1));
 }
 
 void sync_directory(const std::string& path) {

@@ -221,14 +221,6 @@ int reference_dtype_rank(DType d) {
   return 0;
 }
 
-std::string temp_path_for(const std::string& path) {
-  static std::atomic<unsigned> counter{0};
-  const std::filesystem::path p(path);
-  const std::string name = "." + p.filename().string() + ".tmp-" + std::to_string(::getpid()) +
-                           "-" + std::to_string(counter++);
-  return (p.parent_path() / name).string();
-}
-
 }  // namespace
 
 SafetensorsHeader parse_safetensors_header(std::span<const std::byte> header,
@@ -447,7 +439,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorInfo>& t
   std::unordered_map<std::string_view, std::size_t> index_of;
   for (std::size_t i = 0; i < tensors.size(); ++i) index_of.emplace(tensors[i].name, i);
 
-  const std::string temp = temp_path_for(path);
+  const std::string temp = temp_sibling_path(path);
   try {
     File f(temp, File::Mode::kCreateWrite);
     f.write_at(0, std::as_bytes(std::span(layout.header_bytes)));

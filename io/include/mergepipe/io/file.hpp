@@ -98,6 +98,10 @@ void write_text_file(const std::string& path, const std::string& text);
 // O_EXCL | O_NOFOLLOW, so no link planted there is followed), fsynced, renamed over `path`. A
 // reader sees the old file or the new one; a failure leaves the old one.
 void write_file_atomically(const std::string& path, const std::string& text);
+// A name for a temporary file beside `path` (in its folder, hidden):
+// `.<name>.tmp-<host>-<pid>-<n>`. Unique across the nodes of a job sharing the folder (a pid alone
+// is unique on one host only) and across calls in this process.
+std::string temp_sibling_path(const std::string& path);
 // fsync a directory (after renames inside it).
 void sync_directory(const std::string& path);
 
