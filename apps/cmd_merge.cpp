@@ -103,12 +103,12 @@ struct BaseReadAhead {
 };
 
 BaseReadAhead start_base_read_ahead(const MergeSpec& spec, int ranks,
-                                    const mpi::CpuPlacement& placement) {
+                                    const mpi::CpuPlacement& placement, mpi::Schedule schedule) {
   try {
     const Checkpoint base = io::open_checkpoint(spec.base_model);
-    std::vector<io::FileRange> shares =
-        io::rank_shares(io::tensor_read_order(base), ranks,
-                        placement.node_ranks.empty() ? std::vector<int>{0} : placement.node_ranks);
+    std::vector<io::FileRange> shares = io::rank_shares(
+        io::tensor_read_order(base), ranks,
+        io::rank0_node_share_positions(placement.node_ranks, schedule == mpi::Schedule::kDynamic));
     const std::uint64_t bytes = io::total_bytes(shares);
     const auto memory = static_cast<std::uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
                         static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -452,7 +452,8 @@ int cmd_merge(CommandContext& ctx) {
     // ran at 2-3 GB/s here.
     catalog = mpi::load_checked_catalog(ctx.comm, request, [&] {
       if (o.base_read_ahead)
-        read_ahead = start_base_read_ahead(spec, ctx.comm.size(), *o.pipeline.placement);
+        read_ahead = start_base_read_ahead(spec, ctx.comm.size(), *o.pipeline.placement,
+                                           o.pipeline.schedule);
     });
     o.pipeline.catalog_load_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();

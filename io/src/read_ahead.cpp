@@ -78,6 +78,14 @@ std::vector<FileRange> rank_shares(std::span<const FileRange> ranges, int ranks,
   return shares;
 }
 
+std::vector<int> rank0_node_share_positions(std::span<const int> node_ranks, bool per_node_ranges) {
+  if (node_ranks.empty()) return {0};
+  if (!per_node_ranges) return {node_ranks.begin(), node_ranks.end()};
+  std::vector<int> positions(node_ranks.size());
+  for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<int>(i);
+  return positions;
+}
+
 std::uint64_t total_bytes(std::span<const FileRange> ranges) {
   std::uint64_t total = 0;
   for (const FileRange& r : ranges) total += r.length;

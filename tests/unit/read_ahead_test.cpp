@@ -122,6 +122,17 @@ TEST(ReadAhead, ConsecutiveSlicesRejoinIntoTheWhole) {
   EXPECT_EQ(gapped, (std::vector<FileRange>{{"x", 100, 20}, {"x", 140, 20}}));
 }
 
+TEST(ReadAhead, Rank0sNodeReadsWhatTheMergeGivesIt) {
+  // --map-by node on 2 nodes of 2 ranks: rank 0's node holds ranks 0 and 2. The dynamic schedule
+  // gives that node the first half of the blocks, the static one ranks 0 and 2 their own.
+  const std::vector<int> node{0, 2};
+  EXPECT_EQ(rank0_node_share_positions(node, true), (std::vector<int>{0, 1}));
+  EXPECT_EQ(rank0_node_share_positions(node, false), (std::vector<int>{0, 2}));
+  EXPECT_EQ(rank0_node_share_positions({}, true), (std::vector<int>{0}));
+  const std::vector<int> first_half = rank0_node_share_positions(node, true);
+  EXPECT_EQ(total_bytes(rank_shares(kThreeFiles, 4, first_half)), 73u);  // 147·2/4, floored
+}
+
 TEST(ReadAhead, RankSharesAreEqualCutsInRankOrder) {
   // 147 bytes over 3 ranks: cuts at 49 and 98.
   const std::vector<int> first{0};

@@ -38,6 +38,13 @@ void append_ranges(std::vector<FileRange>& ranges, std::span<const FileRange> mo
 std::vector<FileRange> rank_shares(std::span<const FileRange> ranges, int ranks,
                                    std::span<const int> chosen);
 
+// The shares (positions for rank_shares) that the merge hands to rank 0's node, whose ranks are
+// `node_ranks`: with the dynamic schedule each node takes a contiguous range in the order of
+// its lowest rank, rank 0's first, so the first node_ranks.size() positions; with the static one
+// each rank takes its own position. (Reading by rank number under --map-by node prefetched base
+// bytes another node merges.)
+std::vector<int> rank0_node_share_positions(std::span<const int> node_ranks, bool per_node_ranges);
+
 // Total bytes of `ranges`.
 std::uint64_t total_bytes(std::span<const FileRange> ranges);
 
