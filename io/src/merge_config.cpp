@@ -415,7 +415,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
            r.entries(value, key,
                      {"normalize", "lambda", "weight", "density", "gamma", "rescale", "t",
                       "int8_mask", "scale", "normalize_weights", "max_iter", "tol", "eps",
-                      "filter_wise", "nuslerp_flatten", "nuslerp_row_wise"})) {
+                      "filter_wise", "nuslerp_flatten", "nuslerp_row_wise", "epsilon"})) {
         const std::string full = key + "." + pkey;
         gave_lambda |= pkey == "lambda";
         gave_normalize |= pkey == "normalize";
@@ -432,7 +432,7 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
         if (pkey == "normalize_weights") normalize_weights = r.flag(pvalue, full);
         if (pkey == "filter_wise" || pkey == "nuslerp_flatten" || pkey == "nuslerp_row_wise")
           spec.method_options[pkey] = r.flag(pvalue, full) ? 1.0 : 0.0;
-        if (pkey == "max_iter" || pkey == "tol" || pkey == "eps")
+        if (pkey == "max_iter" || pkey == "tol" || pkey == "eps" || pkey == "epsilon")
           spec.method_options[pkey] = r.number(pvalue, full);
         if (pkey == "t" || pkey == "lambda" || pkey == "weight" || pkey == "density" ||
             pkey == "gamma" || pkey == "scale")
@@ -648,6 +648,13 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
                      ": parameter 'gamma' belongs to breadcrumbs and "
                      "breadcrumbs_ties; " +
                      method + " does not take it");
+  for (const auto& [given, key] : {std::pair{gave_weight, "weight"},
+                                   {gave_density, "density"},
+                                   {gave_lambda, "lambda"},
+                                   {gave_normalize, "normalize"}})
+    ignored(given && spec.method == MergeMethod::kRam, key,
+            "it averages, per entry, the deltas larger than epsilon, unweighted");
+  if (spec.method == MergeMethod::kRam) spec.normalize.reset();  // nothing to normalise
   ignored(gave_int8_mask, "int8_mask",
           "a memory option of mergekit's; masks are never held whole here");
   try {

@@ -24,6 +24,7 @@ std::optional<MergeMethod> parse_merge_method(std::string_view name) {
   if (name == "nuslerp") return MergeMethod::kNuslerp;
   if (name == "breadcrumbs") return MergeMethod::kBreadcrumbs;
   if (name == "breadcrumbs_ties") return MergeMethod::kBreadcrumbsTies;
+  if (name == "ram") return MergeMethod::kRam;
   return std::nullopt;
 }
 
@@ -57,13 +58,15 @@ std::string_view merge_method_name(MergeMethod method) {
       return "breadcrumbs";
     case MergeMethod::kBreadcrumbsTies:
       return "breadcrumbs_ties";
+    case MergeMethod::kRam:
+      return "ram";
   }
   return "?";
 }
 
 std::string supported_method_names() {
   return "linear, task_arithmetic, ties, dare_linear, dare_ties, nearswap, passthrough, slerp, "
-         "model_stock, karcher, multislerp, nuslerp, breadcrumbs, breadcrumbs_ties";
+         "model_stock, karcher, multislerp, nuslerp, breadcrumbs, breadcrumbs_ties, ram";
 }
 
 bool default_normalize(MergeMethod method) {
@@ -382,7 +385,8 @@ void MergeSpec::validate_method_options() const {
                                         {"eps", MergeMethod::kMultislerp, false, kAny},
                                         {"filter_wise", MergeMethod::kModelStock, true, 1},
                                         {"nuslerp_flatten", MergeMethod::kNuslerp, true, 1},
-                                        {"nuslerp_row_wise", MergeMethod::kNuslerp, true, 1}};
+                                        {"nuslerp_row_wise", MergeMethod::kNuslerp, true, 1},
+                                        {"epsilon", MergeMethod::kRam, false, kAny}};
   for (const auto& [key, value] : method_options) {
     const Option* option = nullptr;
     for (const Option& o : kOptions)
@@ -430,6 +434,10 @@ Coefficients additive_coefficients(const MergeSpec& spec) {
       break;
     case MergeMethod::kNearswap:
       c.alpha.assign(spec.experts.size(), 1.0);  // θ0 + w·Δ, 0 <= w <= 1
+      break;
+    case MergeMethod::kRam:
+      // θ0 + the mean of the active deltas: an entry only this expert moves takes all of it.
+      c.alpha.assign(spec.experts.size(), 1.0);
       break;
     default:
       // θ0 + λ Σ w Δ (/Σw when normalized; dare_linear is task arithmetic on the rescaled

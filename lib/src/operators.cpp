@@ -344,6 +344,35 @@ MERGEPIPE_OPERATOR_KERNEL void nearswap(float t, std::size_t n, const float* bas
   }
 }
 
+// mergekit's ram: per entry, the mean of the deltas that move it by more than epsilon (the
+// others take no part; none: the base). An entry one expert moves alone takes all of its delta.
+// |Δ| > ε on the bit patterns (ε >= 0), and the delta times its 0/1 activity, so a NaN delta
+// stays NaN as in mergekit; an omitted expert (nullptr) or a zero delta is never active.
+MERGEPIPE_OPERATOR_KERNEL void ram_mean(float epsilon, std::size_t n, const float* base,
+                                        std::span<const float* const> deltas, float* out) {
+  float acc[kChunk], count[kChunk];
+  const auto limit = static_cast<std::int32_t>(bits(epsilon) & 0x7fffffffu);
+  for (std::size_t c0 = 0; c0 < n; c0 += kChunk) {
+    const std::size_t len = std::min(kChunk, n - c0);
+    std::fill_n(acc, len, 0.0f);
+    std::fill_n(count, len, 0.0f);
+    for (const float* delta : deltas) {
+      if (delta == nullptr) continue;
+      const float* d = delta + c0;
+      for (std::size_t i = 0; i < len; ++i) {
+        const auto magnitude = static_cast<std::int32_t>(bits(d[i]) & 0x7fffffffu);
+        const float active = masked(1.0f, lane_mask(magnitude > limit));
+        acc[i] += d[i] * active;
+        count[i] += active;
+      }
+    }
+    const float* b = base + c0;
+    float* o = out + c0;
+    for (std::size_t i = 0; i < len; ++i)
+      o[i] = b[i] + acc[i] / select(lane_mask(bits(count[i]) == 0), 1.0f, count[i]);
+  }
+}
+
 }  // namespace
 
 OperatorConfig OperatorConfig::from_spec(const MergeSpec& spec) {
@@ -360,6 +389,7 @@ OperatorConfig OperatorConfig::from_spec(const MergeSpec& spec) {
   cfg.max_iter = static_cast<int>(spec.option("max_iter", cfg.max_iter));
   cfg.tol = spec.option("tol", cfg.tol);
   cfg.eps = spec.option("eps", cfg.eps);
+  cfg.ram_epsilon = spec.option("epsilon", cfg.ram_epsilon);
   cfg.weights.reserve(spec.experts.size());
   cfg.densities.reserve(spec.experts.size());
   const double scale = spec.weight_scale();
@@ -439,6 +469,8 @@ void merge_block(const OperatorConfig& cfg, const TensorContext& tensor, std::ui
     if (k_count != 1) throw std::invalid_argument("merge operator: nearswap takes one expert");
     return nearswap(cfg.t, n, base, deltas[0], out);
   }
+  if (cfg.method == MergeMethod::kRam)
+    return ram_mean(static_cast<float>(cfg.ram_epsilon), n, base, deltas, out);
   const OperatorScalars sc = operator_scalars(cfg);
   const bool elect = uses_sign_election(cfg.method);
   CallPlan plan;

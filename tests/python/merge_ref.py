@@ -258,6 +258,16 @@ def main():
             for a, d, dens, g in zip(alpha, deltas, densities, gammas):
                 acc = acc + a * np.where(breadcrumbs_mask(d, dens, g), d, np.float32(0))
             ref = theta0 + acc
+        elif method == "ram":
+            # mergekit's ram: per entry, the mean of the deltas larger than epsilon (in
+            # magnitude); an entry no expert moves by more stays the base's.
+            eps = np.float32(params.get("epsilon", 1e-5))
+            total, count = np.zeros_like(theta0), np.zeros_like(theta0)
+            for d in deltas:
+                active = np.abs(d) > eps
+                total = total + np.where(active, d, np.float32(0))
+                count = count + active.astype(np.float32)
+            ref = theta0 + total / np.maximum(count, np.float32(1))
         elif method in ("ties", "breadcrumbs_ties"):
             if band:
                 trimmed = [np.where(breadcrumbs_mask(d, dens, g), d, np.float32(0)) for d, dens, g in zip(deltas, densities, gammas)]

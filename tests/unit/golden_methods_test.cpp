@@ -70,9 +70,9 @@ const std::map<std::string, std::string>& skipped_cases() {
 // Methods whose operator does not exist yet (issue 38); their cases are counted, not checked.
 bool method_missing(const std::string& method) {
   static const std::vector<std::string> available = {
-      "linear",     "task_arithmetic", "ties",        "dare_linear",     "dare_ties",
-      "nearswap",   "passthrough",     "slerp",       "model_stock",     "karcher",
-      "multislerp", "nuslerp",         "breadcrumbs", "breadcrumbs_ties"};
+      "linear",     "task_arithmetic", "ties",        "dare_linear",      "dare_ties",
+      "nearswap",   "passthrough",     "slerp",       "model_stock",      "karcher",
+      "multislerp", "nuslerp",         "breadcrumbs", "breadcrumbs_ties", "ram"};
   return std::find(available.begin(), available.end(), method) == available.end();
 }
 
@@ -176,6 +176,7 @@ Replay replay_inputs(const json& c) {
   if (global.contains("max_iter")) r.cfg.max_iter = static_cast<int>(as_number(global["max_iter"]));
   if (global.contains("tol")) r.cfg.tol = as_number(global["tol"]);
   if (global.contains("eps")) r.cfg.eps = as_number(global["eps"]);
+  if (global.contains("epsilon")) r.cfg.ram_epsilon = as_number(global["epsilon"]);
   for (std::size_t k = 0; k < names.size(); ++k) {
     const json& p = per_model[names[k]];
     r.cfg.weights.push_back(p.contains("weight") && !p["weight"].is_null()
@@ -368,9 +369,10 @@ TEST(GoldenMergekit, EveryDeterministicCaseOfAnAvailableMethodMatches) {
   // Every available method is exercised, and nothing is skipped without a listed reason.
   for (const char* m : {"linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "nearswap",
                         "passthrough", "slerp", "model_stock", "karcher", "multislerp", "nuslerp",
-                        "breadcrumbs", "breadcrumbs_ties"})
+                        "breadcrumbs", "breadcrumbs_ties", "ram"})
     EXPECT_GT(checked_per_method[m], 0u) << m;
-  EXPECT_GE(checked, 105u);  // 74, then model_stock 7, karcher 10, multislerp 7, nuslerp 7
+  EXPECT_GE(checked, 123u);  // 74, then model_stock 7, karcher 10, multislerp 7, nuslerp 7,
+                             // breadcrumbs 8, breadcrumbs_ties 6, ram 4
   RecordProperty("checked", static_cast<int>(checked));
   RecordProperty("skipped", static_cast<int>(skipped));
   RecordProperty("missing_method", static_cast<int>(missing));

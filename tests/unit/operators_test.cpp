@@ -96,10 +96,14 @@ std::vector<const float*> pointers(const RandomFamily& f) {
   return p;
 }
 
-const MergeMethod kAllMethods[] = {MergeMethod::kLinear,         MergeMethod::kTaskArithmetic,
-                                   MergeMethod::kTies,           MergeMethod::kDareLinear,
-                                   MergeMethod::kDareTies,       MergeMethod::kBreadcrumbs,
-                                   MergeMethod::kBreadcrumbsTies};
+const MergeMethod kAllMethods[] = {MergeMethod::kLinear,
+                                   MergeMethod::kTaskArithmetic,
+                                   MergeMethod::kTies,
+                                   MergeMethod::kDareLinear,
+                                   MergeMethod::kDareTies,
+                                   MergeMethod::kBreadcrumbs,
+                                   MergeMethod::kBreadcrumbsTies,
+                                   MergeMethod::kRam};
 
 // The thresholds merge_block takes for method m: `ties` (one per expert) as they are, or for the
 // band methods each expert's band from its sketch at its density, gamma 0.02 + 0.04·k (K lower
@@ -388,8 +392,16 @@ namespace {
 // Scalar fp32 transcription of docs/operators.md, one element at a time, experts k = 0..K-1.
 float scalar_merge(const OperatorConfig& cfg, const TensorContext& tctx, std::uint64_t index,
                    float base, const std::vector<const float*>& deltas, std::size_t i) {
-  const OperatorScalars sc = operator_scalars(cfg);
   const std::size_t K = cfg.weights.size();
+  if (cfg.method == MergeMethod::kRam) {  // the mean of the deltas above epsilon, in order
+    float sum = 0, count = 0;
+    for (std::size_t k = 0; k < K; ++k) {
+      const float d = deltas[k] ? deltas[k][i] : 0.0f;
+      if (std::fabs(d) > static_cast<float>(cfg.ram_epsilon)) sum += d, count += 1;
+    }
+    return base + sum / (count == 0 ? 1.0f : count);
+  }
+  const OperatorScalars sc = operator_scalars(cfg);
   auto kept = [&](std::size_t k) -> float {  // Δ'_k of this element
     const float d = deltas[k] ? deltas[k][i] : 0.0f;
     if (uses_dare(cfg.method)) {

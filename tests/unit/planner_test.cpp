@@ -116,6 +116,8 @@ double reference_gain(const RandomCase& rc, std::size_t k, std::size_t b,
     case MergeMethod::kDareLinear:
     case MergeMethod::kDareTies:
       return rc.spec.effective_rescale() ? a * s.l2 / std::sqrt(d) : a * s.l2 * std::sqrt(d);
+    case MergeMethod::kRam:  // its whole delta where it moves an entry alone
+      return a * s.l2;
     case MergeMethod::kNearswap:
       return a * std::min(s.l2, *rc.spec.t * std::sqrt(static_cast<double>(s.nonzero)));
     case MergeMethod::kTies: {

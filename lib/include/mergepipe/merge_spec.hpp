@@ -27,7 +27,8 @@ enum class MergeMethod {
   kMultislerp,
   kNuslerp,
   kBreadcrumbs,
-  kBreadcrumbsTies
+  kBreadcrumbsTies,
+  kRam
 };
 
 std::optional<MergeMethod> parse_merge_method(std::string_view name);
@@ -93,7 +94,7 @@ struct MergeSpec {
   std::optional<double> scale;  // passthrough: a factor on every copied value
   // Scalar options of one method, by mergekit's name: karcher's max_iter and tol, multislerp's
   // eps, model_stock's filter_wise, nuslerp's nuslerp_flatten and nuslerp_row_wise (flags: 0 or
-  // 1). Absent: the method's default.
+  // 1), ram's epsilon. Absent: the method's default.
   std::map<std::string, double> method_options;
   double option(const std::string& name, double fallback) const {
     const auto it = method_options.find(name);

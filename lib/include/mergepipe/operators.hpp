@@ -32,6 +32,7 @@ struct OperatorConfig {
   int max_iter = 10;               // karcher
   double tol = 1e-5;               // karcher
   double eps = 1e-8;               // multislerp
+  double ram_epsilon = 1e-5;       // ram: |Δ| above it makes an expert take part in an entry
   // The methods of uses_tensor_statistics (slerp, model_stock, karcher, multislerp):
   // out = base_scale·θ0 + Σ alpha_k Δ_k, set per tensor from that tensor's Gram
   // (tensor_statistics.hpp) before any of its blocks is merged. merge_block refuses them
@@ -67,6 +68,7 @@ std::uint64_t tensor_name_key(std::string_view tensor_name);
 //  ties, dare_ties, breadcrumbs_ties: v_k = w_k·Δ'_k, out = θ0 + lambda·merged
 //  nearswap:        out = θ0 + w·Δ with w = min(1, t / max(|Δ|, 1e-6)) per element (one expert)
 //  passthrough:     out = scale·θ0 (no expert; scale 1 copies the bits)
+//  ram:             out = θ0 + (Σ_k Δ_k [|Δ_k| > ε]) / max(1, Σ_k [|Δ_k| > ε]) per element
 //  slerp, model_stock, karcher, multislerp:
 //                   out = base_scale·θ0 + Σ alpha_k Δ_k, the tensor's linear_form
 // Sums and quotients are formed in double from the fp32 weights, then rounded once to fp32.
