@@ -632,28 +632,26 @@ MergeSpec parse_merge_config(const std::string& yaml_text, const std::string& so
   ignored(gave_normalize && nearswap, "normalize", "it takes one model");
   ignored(gave_rescale && spec.method == MergeMethod::kTaskArithmetic, "rescale",
           "it drops no entries to rescale, as in mergekit");
-  for (const auto& [given, key] : {std::pair{gave_weight, "weight"},
-                                   {gave_density, "density"},
-                                   {gave_lambda, "lambda"},
-                                   {gave_normalize, "normalize"}})
-    ignored(given && passthrough, key, "it copies tensors; only 'scale' applies");
-  for (const auto& [given, key] : {std::pair{gave_weight, "weight"},
-                                   {gave_density, "density"},
-                                   {gave_lambda, "lambda"},
-                                   {gave_normalize, "normalize"}})
-    ignored(given && spec.method == MergeMethod::kSlerp, key,
-            "it interpolates between the base and the other model by t");
+  // Methods that read none of weight, density, lambda and normalize: each one given is said.
+  const char* reads_none =
+      passthrough ? "it copies tensors; only 'scale' applies"
+      : spec.method == MergeMethod::kSlerp
+          ? "it interpolates between the base and the other model by t"
+      : spec.method == MergeMethod::kRam
+          ? "it averages, per entry, the deltas larger than epsilon, unweighted"
+          : nullptr;
+  if (reads_none) {
+    for (const auto& [given, key] : {std::pair{gave_weight, "weight"},
+                                     {gave_density, "density"},
+                                     {gave_lambda, "lambda"},
+                                     {gave_normalize, "normalize"}})
+      ignored(given, key, reads_none);
+  }
   if (gave_gamma && !uses_band_trim(spec.method))
     throw UsageError(source_name +
                      ": parameter 'gamma' belongs to breadcrumbs and "
                      "breadcrumbs_ties; " +
                      method + " does not take it");
-  for (const auto& [given, key] : {std::pair{gave_weight, "weight"},
-                                   {gave_density, "density"},
-                                   {gave_lambda, "lambda"},
-                                   {gave_normalize, "normalize"}})
-    ignored(given && spec.method == MergeMethod::kRam, key,
-            "it averages, per entry, the deltas larger than epsilon, unweighted");
   if (spec.method == MergeMethod::kRam) spec.normalize.reset();  // nothing to normalise
   ignored(gave_int8_mask, "int8_mask",
           "a memory option of mergekit's; masks are never held whole here");
